@@ -1,0 +1,61 @@
+"""Facts, checkpoints and pools."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from pydantic import Field
+
+from contracts.common import Out, Strict
+
+
+class FactCreate(Strict):
+    type: str = Field(min_length=1, max_length=200)
+    data: Any
+    schema_uri: str | None = None
+    step_id: str | None = Field(default=None, description="the step that emitted the fact")
+
+
+class FactOut(Out):
+    fact_id: str
+    run_id: str
+    type: str
+    schema_uri: str | None
+    data: Any
+    emitted_by_step: str | None
+    created_at: datetime
+
+
+class CheckpointCreate(Strict):
+    state: dict[str, Any]
+    step_id: str | None = None
+
+
+class CheckpointOut(Out):
+    checkpoint_id: str
+    run_id: str
+    step_id: str | None
+    state: dict[str, Any]
+    state_hash: str
+    created_at: datetime
+
+
+class ReplicaOut(Out):
+    replica_id: str
+    url: str | None
+    model: str | None
+    slots: int
+    busy: int
+    free: int
+    health: dict[str, Any]
+
+
+class PoolOut(Out):
+    pool_id: str
+    engine: str
+    tags: dict[str, str]
+    capabilities: dict[str, Any]
+    health: str
+    load: dict[str, int]
+    replicas: list[ReplicaOut]

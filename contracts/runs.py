@@ -1,0 +1,83 @@
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from contracts.common import Budgets, Out, Placement, Strict
+
+RunMode = Literal["record", "replay", "strict_replay"]
+MAX_SEED = 2**63 - 1
+
+
+class PolicyMatch(Strict):
+    step_type: str | None = None
+    tool: str | None = None
+    model: str | None = None
+    pool: str | None = None
+    path: str | None = None
+
+
+class PolicyRule(Strict):
+    id: str = Field(min_length=1)
+    effect: Literal["allow", "deny", "redact"]
+    match: PolicyMatch = Field(default_factory=PolicyMatch)
+    pattern: str | None = None
+
+
+class Policy(Strict):
+    rules: list[PolicyRule] = Field(default_factory=list)
+
+
+class FsPolicy(Strict):
+    roots: list[str] = Field(default_factory=list)
+    allow: list[str] = Field(default_factory=list)
+    deny: list[str] = Field(default_factory=list)
+    quota_bytes: int | None = Field(default=None, ge=0)
+    quota_files: int | None = Field(default=None, ge=0)
+
+
+class RunCreate(Strict):
+    mode: RunMode = "record"
+    seed: int | None = Field(default=None, ge=0, le=MAX_SEED)
+    source_run_id: str | None = None
+    budgets: Budgets = Field(default_factory=Budgets)
+    policy: Policy = Field(default_factory=Policy)
+    pool_policy: Placement = "auto"
+    fs_policy: FsPolicy = Field(default_factory=FsPolicy)
+    cancel_on_disconnect: bool | None = None
+
+    @model_validator(mode="after")
+    def _source_for_replay(self) -> RunCreate:
+        if self.mode != "record" and not self.source_run_id:
+            raise ValueError(f"source_run_id is required when mode is {self.mode!r}")
+        return self
+
+
+class Usage(Out):
+    tokens_in: int = 0
+    tokens_out: int = 0
+    cost_usd: float = 0.0
+
+
+class RunOut(Out):
+    run_id: str
+    flow_id: str
+    mode: RunMode
+    seed: int
+    source_run_id: str | None
+    status: str
+    budgets: dict[str, Any]
+    usage: Usage
+    policy: dict[str, Any]
+    pool_policy: Any
+    fs_policy: dict[str, Any]
+    cancel_on_disconnect: bool | None
+    step_count: int
+    created_at: datetime
+    updated_at: datetime
+
+
+class CancelOut(Out):
+    status: str

@@ -1,0 +1,73 @@
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from contracts.common import Budgets, Out, Placement, Strict
+from contracts.runs import Usage
+
+StepType = Literal["llm_plan", "llm_call", "tool_call", "fs_op", "gate_eval", "checkpoint"]
+
+
+class ChatMessage(Strict):
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str
+
+
+class LlmParams(Strict):
+    max_tokens: int | None = Field(default=None, ge=1, le=131072)
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    top_k: int | None = Field(default=None, ge=0)
+    stop: list[str] | None = Field(default=None, max_length=16)
+
+
+class LlmCallInput(Strict):
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = Field(default=None, min_length=1)
+    params: LlmParams = Field(default_factory=LlmParams)
+    model: str | None = None
+
+    @model_validator(mode="after")
+    def _one_prompt(self) -> LlmCallInput:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("give exactly one of prompt and messages")
+        return self
+
+
+class StepCreate(Strict):
+    type: StepType
+    client_token: str = Field(min_length=1, max_length=256)
+    input: dict[str, Any] = Field(default_factory=dict)
+    budgets: Budgets | None = None
+    placement: Placement | None = None
+    cancel_on_disconnect: bool | None = None
+
+
+class StepAccepted(Out):
+    step_id: str
+    status: str
+
+
+class StepOut(Out):
+    step_id: str
+    run_id: str
+    position: int
+    type: StepType
+    client_token: str
+    status: str
+    cancel_requested: bool
+    input: dict[str, Any]
+    budgets: dict[str, Any] | None
+    placement: Any
+    pool_id: str | None
+    replica_id: str | None
+    output: dict[str, Any] | None
+    usage: Usage
+    provenance: dict[str, Any] | None
+    error: dict[str, Any] | None
+    created_at: datetime
+    started_at: datetime | None
+    ended_at: datetime | None

@@ -1,0 +1,89 @@
+"""The project's error tree. Every layer raises these; only orchestratord maps them to HTTP.
+
+    OrchestratorError            code, message, retriable, details
+    ├── InvalidParams            422 INVALID_PARAMS   (bad input, names the field)
+    ├── NotFound                 404 NOT_FOUND
+    ├── Conflict                 409 CONFLICT         (idempotency key reused, illegal transition)
+    ├── Unsupported              501 UNSUPPORTED      (accepted by the schema, not served yet)
+    ├── PoolUnavailable          503 POOL_UNAVAILABLE (placement found no healthy pool)
+    ├── NoCapacity               503 NO_CAPACITY
+    ├── EngineError              502 ENGINE_ERROR     (raised by worker adapters)
+    └── Cancelled                    CANCELLED
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class OrchestratorError(Exception):
+    code = "INTERNAL"
+    retriable = False
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        details: dict[str, Any] | None = None,
+        retriable: bool | None = None,
+        retry_after_ms: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details = details or {}
+        if retriable is not None:
+            self.retriable = retriable
+        self.retry_after_ms = retry_after_ms
+
+    def body(self) -> dict[str, Any]:
+        """The contract's error body, less the correlation id that the transport adds."""
+        return {
+            "code": self.code,
+            "message": self.message,
+            "retriable": self.retriable,
+            "retry_after_ms": self.retry_after_ms,
+            "details": self.details,
+        }
+
+
+class InvalidParams(OrchestratorError):
+    code = "INVALID_PARAMS"
+
+    def __init__(self, message: str, *, field: str, **kwargs: Any) -> None:
+        details = {"errors": [{"field": field, "message": message}]}
+        details.update(kwargs.pop("details", {}) or {})
+        super().__init__(f"{field}: {message}", details=details, **kwargs)
+        self.field = field
+
+
+class NotFound(OrchestratorError):
+    code = "NOT_FOUND"
+
+    def __init__(self, kind: str, ident: str) -> None:
+        super().__init__(f"{kind} {ident!r} not found", details={"kind": kind, "id": ident})
+
+
+class Conflict(OrchestratorError):
+    code = "CONFLICT"
+
+
+class Unsupported(OrchestratorError):
+    code = "UNSUPPORTED"
+
+
+class PoolUnavailable(OrchestratorError):
+    code = "POOL_UNAVAILABLE"
+    retriable = True
+
+
+class NoCapacity(OrchestratorError):
+    code = "NO_CAPACITY"
+    retriable = True
+
+
+class EngineError(OrchestratorError):
+    code = "ENGINE_ERROR"
+
+
+class Cancelled(OrchestratorError):
+    code = "CANCELLED"

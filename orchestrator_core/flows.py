@@ -1,0 +1,67 @@
+"""Content addressing of flows: normalized AST + tool schemas + config -> SHA-256."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
+
+from orchestrator_core.canonical import normalize, sha256_of
+from orchestrator_core.errors import InvalidParams
+
+
+@dataclass(frozen=True)
+class FlowContent:
+    ast: Any
+    tools: list[dict[str, Any]]
+    config: dict[str, Any]
+    hash: str
+
+    @property
+    def flow_id(self) -> str:
+        return flow_id_for(self.hash)
+
+
+def flow_id_for(content_hash: str) -> str:
+    return "flow_" + content_hash.removeprefix("sha256:")
+
+
+def normalize_flow(
+    *, ast: Any, tools: list[dict[str, Any]], config: dict[str, Any]
+) -> FlowContent:
+    """Validate tool schemas, order tools by name, and hash the canonical content.
+
+    Tool order is not material (tools are looked up by name), so ``[a, b]`` and ``[b, a]``
+    are the same flow.
+    """
+    seen: set[str] = set()
+    for i, tool in enumerate(tools):
+        name = tool["name"]
+        if name in seen:
+            raise InvalidParams(f"tool name {name!r} is used twice", field=f"tools[{i}].name")
+        seen.add(name)
+        try:
+            Draft202012Validator.check_schema(tool["parameters"])
+        except SchemaError as exc:
+            raise InvalidParams(
+                f"not a valid JSON Schema 2020-12: {exc.message}", field=f"tools[{i}].parameters"
+            ) from exc
+    fact_schemas = config.get("fact_schemas", {})
+    if not isinstance(fact_schemas, dict):
+        raise InvalidParams("must map fact types to JSON Schemas", field="config.fact_schemas")
+    for fact_type, schema in fact_schemas.items():
+        try:
+            Draft202012Validator.check_schema(schema)
+        except SchemaError as exc:
+            raise InvalidParams(
+                f"not a valid JSON Schema 2020-12: {exc.message}",
+                field=f"config.fact_schemas.{fact_type}",
+            ) from exc
+    n_ast = normalize(ast, "ast")
+    n_tools = sorted((normalize(t, f"tools[{i}]") for i, t in enumerate(tools)),
+                     key=lambda t: t["name"])
+    n_config = normalize(config, "config")
+    digest = sha256_of({"ast": n_ast, "tools": n_tools, "config": n_config})
+    return FlowContent(ast=n_ast, tools=n_tools, config=n_config, hash=digest)

@@ -1,0 +1,5 @@
+import sys
+
+from orchestratord.cli import main
+
+sys.exit(main())

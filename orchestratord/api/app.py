@@ -1,0 +1,56 @@
+"""The FastAPI application."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from orchestratord import __version__
+from orchestratord.api import errors
+from orchestratord.api.correlation import CorrelationIdMiddleware
+from orchestratord.api.responses import JsonResponse
+from orchestratord.api.routes import flows, records, runs, steps, streams
+from orchestratord.runtime import Orchestrator
+from orchestratord.settings import Settings
+
+
+def create_app(
+    settings: Settings | None = None, *, orchestrator: Orchestrator | None = None
+) -> FastAPI:
+    """Build the app. With ``orchestrator`` given, the caller starts and stops it."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if orchestrator is not None:
+            app.state.orchestrator = orchestrator
+            yield
+            return
+        orch = Orchestrator(settings or Settings())
+        await orch.start()
+        app.state.orchestrator = orch
+        try:
+            yield
+        finally:
+            await orch.stop()
+
+    app = FastAPI(
+        title="orchestratord",
+        version=__version__,
+        summary="Control plane for LLM agent work: flows, runs, steps, facts, pools; typed SSE.",
+        lifespan=lifespan,
+        default_response_class=JsonResponse,
+    )
+    if orchestrator is not None:
+        app.state.orchestrator = orchestrator
+    errors.install(app)
+    for module in (flows, runs, steps, records, streams):
+        app.include_router(module.router)
+
+    @app.get("/healthz", tags=["health"])
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok", "version": __version__}
+
+    app.add_middleware(CorrelationIdMiddleware)
+    return app

@@ -1,0 +1,96 @@
+"""One error body everywhere: the domain's errors, bad input, unknown routes, crashes."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from orchestratord.api.responses import JsonResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from orchestrator_core import errors as E
+from orchestratord.api.correlation import correlation_id
+
+log = logging.getLogger(__name__)
+
+STATUS: dict[type[E.OrchestratorError], int] = {
+    E.InvalidParams: 422,
+    E.NotFound: 404,
+    E.Conflict: 409,
+    E.Unsupported: 501,
+    E.PoolUnavailable: 503,
+    E.NoCapacity: 503,
+    E.EngineError: 502,
+    E.Cancelled: 409,
+}
+_HTTP_CODES = {404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED", 400: "INVALID_PARAMS"}
+
+
+def error_response(
+    status: int, body: dict[str, Any], headers: dict[str, str] | None = None
+) -> JsonResponse:
+    body = {**body, "correlation_id": correlation_id.get()}
+    if body.get("retry_after_ms") and headers is None:
+        headers = {"Retry-After": str(max(1, round(body["retry_after_ms"] / 1000)))}
+    return JsonResponse(body, status_code=status, headers=headers)
+
+
+def _status_of(exc: E.OrchestratorError) -> int:
+    for cls in type(exc).__mro__:
+        if cls in STATUS:
+            return STATUS[cls]
+    return 500
+
+
+async def on_domain_error(_request: Request, exc: Exception) -> JsonResponse:
+    assert isinstance(exc, E.OrchestratorError)
+    return error_response(_status_of(exc), exc.body())
+
+
+def _field(loc: tuple[Any, ...]) -> str:
+    parts = [str(p) for p in loc]
+    if parts and parts[0] in ("body", "query", "path", "header"):
+        head, rest = parts[0], parts[1:]
+        return ".".join(rest) if head == "body" and rest else ".".join([head, *rest])
+    return ".".join(parts)
+
+
+async def on_validation_error(_request: Request, exc: Exception) -> JsonResponse:
+    assert isinstance(exc, RequestValidationError)
+    errors = list(exc.errors())
+    if any(e.get("type") == "json_invalid" for e in errors):
+        msg = next(e for e in errors if e.get("type") == "json_invalid").get("ctx", {}).get(
+            "error", "malformed JSON"
+        )
+        return error_response(400, E.InvalidParams(f"malformed JSON: {msg}", field="body").body())
+    fields = [{"field": _field(tuple(e["loc"])), "message": e["msg"]} for e in errors]
+    first = fields[0] if fields else {"field": "body", "message": "invalid"}
+    return error_response(
+        422,
+        {
+            "code": "INVALID_PARAMS",
+            "message": f"{first['field']}: {first['message']}",
+            "retriable": False,
+            "retry_after_ms": None,
+            "details": {"errors": fields},
+        },
+    )
+
+
+async def on_http_error(_request: Request, exc: Exception) -> JsonResponse:
+    assert isinstance(exc, StarletteHTTPException)
+    code = _HTTP_CODES.get(exc.status_code, "INTERNAL" if exc.status_code >= 500 else "INVALID_PARAMS")
+    return error_response(
+        exc.status_code,
+        {"code": code, "message": str(exc.detail), "retriable": False, "retry_after_ms": None,
+         "details": {}},
+        headers=dict(exc.headers) if exc.headers else None,
+    )
+
+
+def install(app: FastAPI) -> None:
+    app.add_exception_handler(E.OrchestratorError, on_domain_error)
+    app.add_exception_handler(RequestValidationError, on_validation_error)
+    app.add_exception_handler(StarletteHTTPException, on_http_error)

@@ -1,0 +1,37 @@
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends
+
+from contracts.runs import CancelOut, RunCreate, RunOut
+from orchestratord.api.deps import orchestrator
+from orchestratord.repo import runs as repo
+from orchestratord.runtime import Orchestrator
+
+router = APIRouter(tags=["runs"])
+
+
+@router.post("/v1/flows/{flow_id}/runs", status_code=201, response_model=RunOut)
+async def create_run(
+    flow_id: str, body: RunCreate, orch: Orchestrator = Depends(orchestrator)
+) -> RunOut:
+    async with orch.tx() as tx:
+        run = await repo.create_run(
+            tx.session, flow_id=flow_id, body=body, pools=orch.pools.views()
+        )
+        return RunOut.model_validate(repo.run_view(run))
+
+
+@router.get("/v1/runs/{run_id}", response_model=RunOut)
+async def get_run(run_id: str, orch: Orchestrator = Depends(orchestrator)) -> RunOut:
+    async with orch.db.read() as session:
+        run = await repo.get_run(session, run_id=run_id)
+        return RunOut.model_validate(repo.run_view(run))
+
+
+@router.post("/v1/runs/{run_id}/cancel", status_code=202, response_model=CancelOut)
+async def cancel_run(run_id: str, orch: Orchestrator = Depends(orchestrator)) -> CancelOut:
+    async with orch.tx() as tx:
+        status, running = await repo.cancel_run(tx, run_id=run_id)
+    for step_id in running:
+        orch.dispatcher.cancel(step_id)
+    return CancelOut(status=status)

@@ -1,0 +1,43 @@
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, Response
+
+from contracts.runs import CancelOut
+from contracts.steps import StepAccepted, StepCreate, StepOut
+from orchestratord.api.deps import orchestrator
+from orchestratord.repo import steps as repo
+from orchestratord.runtime import Orchestrator
+
+router = APIRouter(tags=["steps"])
+
+
+@router.post("/v1/runs/{run_id}/steps", status_code=202, response_model=StepAccepted)
+async def submit_step(
+    run_id: str, body: StepCreate, response: Response, orch: Orchestrator = Depends(orchestrator)
+) -> StepAccepted:
+    async with orch.tx() as tx:
+        step, created = await repo.submit_step(
+            tx.session,
+            run_id=run_id,
+            body=body,
+            pools=orch.pools.views(),
+            default_cancel_on_disconnect=orch.settings.stream.cancel_on_disconnect,
+        )
+        out = StepAccepted.model_validate(repo.step_view(step))
+    if created:
+        orch.dispatcher.wake()
+    else:
+        response.status_code = 200
+    return out
+
+
+@router.get("/v1/steps/{step_id}", response_model=StepOut)
+async def get_step(step_id: str, orch: Orchestrator = Depends(orchestrator)) -> StepOut:
+    async with orch.db.read() as session:
+        step = await repo.get_step(session, step_id=step_id)
+        return StepOut.model_validate(repo.step_view(step))
+
+
+@router.post("/v1/steps/{step_id}/cancel", status_code=202, response_model=CancelOut)
+async def cancel_step(step_id: str, orch: Orchestrator = Depends(orchestrator)) -> CancelOut:
+    return CancelOut(status=await orch.cancel_step(step_id))

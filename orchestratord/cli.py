@@ -1,0 +1,104 @@
+"""``orchestratord serve`` and ``orchestratord db upgrade|current``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+from orchestratord.api.correlation import CorrelationLogFilter
+from orchestratord.pool_config import PoolConfigError, load_pools_file
+from orchestratord.settings import Settings
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    overrides: dict[str, Any] = {}
+    for name in ("host", "port", "database_url", "engine"):
+        value = getattr(args, name, None)
+        if value is not None:
+            overrides[name] = value
+    if getattr(args, "pools", None) is not None:
+        overrides["pools_file"] = Path(args.pools)
+    return Settings(**overrides)
+
+
+def configure_logging(level: str) -> None:
+    handler = logging.StreamHandler()
+    handler.addFilter(CorrelationLogFilter())
+    handler.setFormatter(
+        logging.Formatter("%(asctime)s %(levelname)s %(name)s [%(correlation_id)s] %(message)s")
+    )
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+
+
+def serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from orchestratord.api.app import create_app
+
+    settings = _settings(args)
+    if settings.pools_file is not None:
+        try:
+            load_pools_file(settings.pools_file)
+        except PoolConfigError as exc:
+            print(f"orchestratord: invalid pools file:\n{exc}", file=sys.stderr)
+            return 2
+    configure_logging(settings.log_level)
+    app = create_app(settings)
+    uvicorn.run(
+        app, host=settings.host, port=settings.port, log_level=settings.log_level,
+        log_config=None, timeout_graceful_shutdown=5,
+    )
+    return 0
+
+
+def db_command(args: argparse.Namespace) -> int:
+    from orchestratord.db.engine import Database
+    from orchestratord.db.migrate import current_revision, head_revision, upgrade
+
+    settings = _settings(args)
+
+    async def go() -> int:
+        db = Database(settings.database_url)
+        try:
+            if args.action == "upgrade":
+                await upgrade(db)
+            current = await current_revision(db)
+            print(f"current: {current} head: {head_revision()}")
+            return 0 if current == head_revision() else 1
+        finally:
+            await db.dispose()
+
+    return asyncio.run(go())
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="orchestratord", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    p_serve = sub.add_parser("serve", help="run the HTTP/SSE server")
+    p_serve.add_argument("--host")
+    p_serve.add_argument("--port", type=int)
+    p_serve.add_argument("--database-url", help="sqlite:///path or postgresql://...")
+    p_serve.add_argument("--engine", choices=["sim", "llama"], help="engine of the local pool")
+    p_serve.add_argument("--pools", metavar="FILE", help="YAML file of pools")
+    p_serve.set_defaults(func=serve)
+    p_db = sub.add_parser("db", help="database migrations")
+    p_db.add_argument("action", choices=["upgrade", "current"])
+    p_db.add_argument("--database-url")
+    p_db.set_defaults(func=db_command)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    result: int = args.func(args)
+    return result
+
+
+if __name__ == "__main__":
+    sys.exit(main())

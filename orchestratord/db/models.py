@@ -1,0 +1,153 @@
+"""SQL tables. Changes here need an Alembic migration (tests fail on drift)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+BigIntPk = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
+Json = sa.JSON(none_as_null=True)
+
+
+class UtcDateTime(sa.TypeDecorator[datetime]):
+    """Timezone-aware UTC timestamps on every backend (SQLite stores them naive)."""
+
+    impl = sa.DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: sa.Dialect) -> datetime | None:
+        if value is not None and value.tzinfo is None:
+            raise ValueError("naive datetime: use orchestrator_core.clock.now()")
+        return value
+
+    def process_result_value(self, value: datetime | None, dialect: sa.Dialect) -> datetime | None:
+        if value is not None and value.tzinfo is None:
+            return value.replace(tzinfo=UTC)
+        return value
+
+
+Ts = UtcDateTime()
+
+
+class Base(DeclarativeBase):
+    metadata = sa.MetaData(
+        naming_convention={
+            "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+            "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+            "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+            "pk": "pk_%(table_name)s",
+        }
+    )
+
+
+class Flow(Base):
+    __tablename__ = "flows"
+    flow_id: Mapped[str] = mapped_column(sa.String(80), primary_key=True)
+    hash: Mapped[str] = mapped_column(sa.String(80), unique=True)
+    ast: Mapped[Any] = mapped_column(Json)
+    tools: Mapped[list[dict[str, Any]]] = mapped_column(Json)
+    config: Mapped[dict[str, Any]] = mapped_column(Json)
+    labels: Mapped[dict[str, str]] = mapped_column(Json)
+    created_at: Mapped[datetime] = mapped_column(Ts)
+
+
+class Run(Base):
+    __tablename__ = "runs"
+    run_id: Mapped[str] = mapped_column(sa.String(40), primary_key=True)
+    flow_id: Mapped[str] = mapped_column(sa.ForeignKey("flows.flow_id"), index=True)
+    mode: Mapped[str] = mapped_column(sa.String(16))
+    seed: Mapped[int] = mapped_column(sa.BigInteger)
+    source_run_id: Mapped[str | None] = mapped_column(sa.String(40))
+    status: Mapped[str] = mapped_column(sa.String(16))
+    budgets: Mapped[dict[str, Any]] = mapped_column(Json)
+    policy: Mapped[dict[str, Any]] = mapped_column(Json)
+    pool_policy: Mapped[Any] = mapped_column(Json)
+    fs_policy: Mapped[dict[str, Any]] = mapped_column(Json)
+    cancel_on_disconnect: Mapped[bool | None] = mapped_column(sa.Boolean)
+    tokens_in_used: Mapped[int] = mapped_column(sa.BigInteger, default=0)
+    tokens_out_used: Mapped[int] = mapped_column(sa.BigInteger, default=0)
+    cost_used_usd: Mapped[float] = mapped_column(sa.Float, default=0.0)
+    step_count: Mapped[int] = mapped_column(sa.Integer, default=0)
+    # Next run-level event cursor; bumped under the row lock so cursors follow commit order.
+    event_seq: Mapped[int] = mapped_column(sa.BigInteger, default=0)
+    created_at: Mapped[datetime] = mapped_column(Ts)
+    updated_at: Mapped[datetime] = mapped_column(Ts)
+
+
+class Step(Base):
+    __tablename__ = "steps"
+    __table_args__ = (
+        sa.UniqueConstraint("run_id", "client_token"),
+        sa.UniqueConstraint("run_id", "position"),
+        sa.Index("ix_steps_dispatch", "status", "pool_id", "step_id"),
+    )
+    step_id: Mapped[str] = mapped_column(sa.String(40), primary_key=True)
+    run_id: Mapped[str] = mapped_column(sa.ForeignKey("runs.run_id"))
+    position: Mapped[int] = mapped_column(sa.Integer)
+    type: Mapped[str] = mapped_column(sa.String(16))
+    client_token: Mapped[str] = mapped_column(sa.String(256))
+    request_hash: Mapped[str] = mapped_column(sa.String(80))
+    input: Mapped[dict[str, Any]] = mapped_column(Json)
+    budgets: Mapped[dict[str, Any] | None] = mapped_column(Json)
+    placement: Mapped[Any | None] = mapped_column(Json, nullable=True)
+    cancel_on_disconnect: Mapped[bool] = mapped_column(sa.Boolean)
+    status: Mapped[str] = mapped_column(sa.String(16))
+    cancel_requested: Mapped[bool] = mapped_column(sa.Boolean, default=False)
+    pool_id: Mapped[str | None] = mapped_column(sa.String(128))
+    replica_id: Mapped[str | None] = mapped_column(sa.String(128))
+    output: Mapped[dict[str, Any] | None] = mapped_column(Json)
+    tokens_in: Mapped[int] = mapped_column(sa.BigInteger, default=0)
+    tokens_out: Mapped[int] = mapped_column(sa.BigInteger, default=0)
+    cost_usd: Mapped[float] = mapped_column(sa.Float, default=0.0)
+    provenance: Mapped[dict[str, Any] | None] = mapped_column(Json)
+    error: Mapped[dict[str, Any] | None] = mapped_column(Json)
+    created_at: Mapped[datetime] = mapped_column(Ts)
+    started_at: Mapped[datetime | None] = mapped_column(Ts)
+    ended_at: Mapped[datetime | None] = mapped_column(Ts)
+
+
+class Event(Base):
+    """The append-only event log: per step ``(step_id, seq)``, per run ``(run_id, run_seq)``.
+
+    ``data`` holds the encoded JSON exactly as streamed, so it is encoded once.
+    """
+
+    __tablename__ = "events"
+    __table_args__ = (
+        sa.UniqueConstraint("run_id", "run_seq"),
+        sa.UniqueConstraint("step_id", "seq"),
+    )
+    id: Mapped[int] = mapped_column(BigIntPk, primary_key=True, autoincrement=True)
+    run_id: Mapped[str] = mapped_column(sa.String(40))
+    run_seq: Mapped[int] = mapped_column(sa.BigInteger)
+    step_id: Mapped[str | None] = mapped_column(sa.String(40))
+    seq: Mapped[int | None] = mapped_column(sa.Integer)
+    type: Mapped[str] = mapped_column(sa.String(24))
+    data: Mapped[str] = mapped_column(sa.Text)
+
+
+class Fact(Base):
+    __tablename__ = "facts"
+    __table_args__ = (sa.Index("ix_facts_run_type", "run_id", "type", "id"),)
+    id: Mapped[int] = mapped_column(BigIntPk, primary_key=True, autoincrement=True)
+    fact_id: Mapped[str] = mapped_column(sa.String(40), unique=True)
+    run_id: Mapped[str] = mapped_column(sa.ForeignKey("runs.run_id"))
+    type: Mapped[str] = mapped_column(sa.String(200))
+    schema_uri: Mapped[str | None] = mapped_column(sa.Text)
+    data: Mapped[Any] = mapped_column(Json)
+    emitted_by_step: Mapped[str | None] = mapped_column(sa.String(40))
+    created_at: Mapped[datetime] = mapped_column(Ts)
+
+
+class Checkpoint(Base):
+    __tablename__ = "checkpoints"
+    __table_args__ = (sa.Index("ix_checkpoints_run", "run_id", "checkpoint_id"),)
+    checkpoint_id: Mapped[str] = mapped_column(sa.String(40), primary_key=True)
+    run_id: Mapped[str] = mapped_column(sa.ForeignKey("runs.run_id"))
+    step_id: Mapped[str | None] = mapped_column(sa.String(40))
+    state: Mapped[dict[str, Any]] = mapped_column(Json)
+    state_hash: Mapped[str] = mapped_column(sa.String(80))
+    created_at: Mapped[datetime] = mapped_column(Ts)

@@ -1,0 +1,162 @@
+"""The dispatcher: claims queued steps when their pool has a free slot and runs them.
+
+Claims are atomic (``UPDATE ... WHERE status='queued'`` after ``SELECT ... FOR UPDATE SKIP
+LOCKED`` on PostgreSQL), so several processes can share one database without running a step
+twice. A replica never gets more concurrent requests than its slots. Cancels requested
+through another process are picked up by polling ``cancel_requested``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+import sqlalchemy as sa
+
+from orchestrator_core import clock
+from orchestrator_core.event_order import EventType
+from orchestrator_core.lifecycle import StepStatus
+from orchestratord.db.engine import Database
+from orchestratord.db.models import Event, Step
+from orchestratord.eventlog import EventWriter, make_event
+from orchestratord.execution import ClaimedStep, Execution
+from orchestratord.pools import PoolRegistry, Replica
+from orchestratord.repo.steps import cancel_requested_among, claim_queued, mark_running
+from orchestratord.tx import Tx
+
+log = logging.getLogger(__name__)
+
+
+class Dispatcher:
+    def __init__(
+        self, db: Database, pools: PoolRegistry, writer: EventWriter, *, poll_s: float = 0.5
+    ) -> None:
+        self.db = db
+        self.pools = pools
+        self.writer = writer
+        self.poll_s = poll_s
+        self.executions: dict[str, Execution] = {}
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._loop(), name="dispatcher")
+
+    async def stop(self, grace_s: float = 5.0) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        for execution in list(self.executions.values()):
+            execution.request_cancel()
+        tasks = [e.task for e in self.executions.values() if e.task is not None]
+        if tasks:
+            await asyncio.wait(tasks, timeout=grace_s)
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def cancel(self, step_id: str) -> bool:
+        execution = self.executions.get(step_id)
+        if execution is None:
+            return False
+        execution.request_cancel()
+        return True
+
+    async def _loop(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.poll_s)
+            self._wake.clear()
+            try:
+                await self.dispatch_once()
+                await self._poll_cancels()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("dispatch round failed")
+                await asyncio.sleep(self.poll_s)
+
+    async def dispatch_once(self) -> int:
+        started = 0
+        for pool in self.pools.pools.values():
+            while (free := pool.free_slots) > 0:
+                claimed: list[tuple[ClaimedStep, Replica]] = []
+                try:
+                    async with self.db.write() as session:
+                        rows = await claim_queued(session, pool_id=pool.pool_id, limit=free)
+                        for step_id, run_id, position, stype, inp, seed in rows:
+                            replica = pool.acquire()
+                            if replica is None:
+                                break
+                            claimed.append(
+                                (ClaimedStep(step_id, run_id, position, stype, inp, seed), replica)
+                            )
+                            await mark_running(
+                                session, step_id=step_id, replica_id=replica.replica_id
+                            )
+                except BaseException:
+                    for _, replica in claimed:
+                        pool.release(replica)
+                    raise
+                for step, replica in claimed:
+                    execution = Execution(step, pool, replica, self.writer, self._finished)
+                    self.executions[step.step_id] = execution
+                    execution.start()
+                started += len(claimed)
+                if len(rows) < free or not claimed:
+                    break
+        return started
+
+    def _finished(self, execution: Execution) -> None:
+        self.executions.pop(execution.step.step_id, None)
+        execution.pool.release(execution.replica)
+        self.wake()
+
+    async def _poll_cancels(self) -> None:
+        local = [sid for sid, e in self.executions.items() if not e.cancel_event.is_set()]
+        if not local:
+            return
+        async with self.db.read() as session:
+            for step_id in await cancel_requested_among(session, step_ids=local):
+                self.cancel(step_id)
+
+
+async def recover_orphans(tx: Tx) -> int:
+    """End steps left running by a process that stopped without finishing them.
+
+    Only for a single-process deployment (SQLite): with several processes a running step may
+    belong to a live peer.
+    """
+    session = tx.session
+    steps = (
+        await session.execute(
+            sa.select(Step).where(Step.status == StepStatus.RUNNING.value).with_for_update()
+        )
+    ).scalars().all()
+    for step in steps:
+        last = (
+            await session.execute(sa.select(sa.func.max(Event.seq)).where(Event.step_id == step.step_id))
+        ).scalar_one()
+        seq = 0 if last is None else last + 1
+        events = []
+        if last is None:
+            events.append(make_event(step.run_id, step.step_id, 0, EventType.STARTED.value,
+                                     {"pool_id": step.pool_id, "replica_id": step.replica_id,
+                                      "engine": None}))
+            seq = 1
+        body = {
+            "code": "INTERNAL",
+            "message": "the step was interrupted: orchestratord stopped while it ran",
+            "retriable": True,
+            "retry_after_ms": None,
+            "details": {},
+            "correlation_id": None,
+        }
+        events.append(make_event(step.run_id, step.step_id, seq, EventType.ERROR.value, body))
+        await tx.append_events(events)
+        step.status = StepStatus.FAILED.value
+        step.error = body
+        step.ended_at = clock.now()
+    return len(steps)

@@ -1,0 +1,262 @@
+"""The append-only event log and its group-committing writer.
+
+Every event is encoded to JSON once, by its producer; the same bytes are stored and streamed.
+``insert_events`` is the only function that writes the ``events`` table: it takes run-level
+cursors (``run_seq``) by bumping ``runs.event_seq`` under the row lock, so on PostgreSQL as on
+SQLite the run cursors follow commit order.
+
+Durability: an event reaches subscribers only after the transaction that holds it has
+committed, so a client never sees an event that a crash could take back. Producers do not
+wait for each commit: the writer drains everything queued while the previous commit ran
+into one transaction (group commit), and a producer waits only when more than
+``max_pending`` events are queued, or for its terminal event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import defaultdict
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+
+import orjson
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from orchestrator_core.event_order import TERMINAL_TYPES, EventOrder, EventType
+from orchestratord.db.engine import Database
+from orchestratord.db.models import Event, Run
+
+log = logging.getLogger(__name__)
+
+Finalizer = Callable[[AsyncSession], Awaitable[None]]
+
+
+@dataclass(slots=True)
+class LogEvent:
+    run_id: str
+    step_id: str | None
+    seq: int | None
+    type: str
+    data: bytes
+    run_seq: int = -1
+
+    @property
+    def terminal(self) -> bool:
+        return self.type in TERMINAL_TYPES
+
+
+def make_event(
+    run_id: str, step_id: str | None, seq: int | None, etype: str, payload: dict[str, object]
+) -> LogEvent:
+    body = {"step_id": step_id, "seq": seq, "type": etype, **payload}
+    return LogEvent(run_id, step_id, seq, etype, orjson.dumps(body))
+
+
+async def insert_events(session: AsyncSession, events: Sequence[LogEvent]) -> None:
+    """Append ``events`` in this transaction, assigning their run cursors."""
+    per_run: dict[str, list[LogEvent]] = defaultdict(list)
+    for ev in events:
+        per_run[ev.run_id].append(ev)
+    for run_id in sorted(per_run):  # a fixed lock order: no deadlock between writers
+        batch = per_run[run_id]
+        top = (
+            await session.execute(
+                sa.update(Run)
+                .where(Run.run_id == run_id)
+                .values(event_seq=Run.event_seq + len(batch))
+                .returning(Run.event_seq)
+            )
+        ).scalar_one()
+        first = top - len(batch)
+        for offset, ev in enumerate(batch):
+            ev.run_seq = first + offset
+    await session.execute(
+        sa.insert(Event),
+        [
+            {
+                "run_id": ev.run_id,
+                "run_seq": ev.run_seq,
+                "step_id": ev.step_id,
+                "seq": ev.seq,
+                "type": ev.type,
+                "data": ev.data.decode(),
+            }
+            for ev in events
+        ],
+    )
+
+
+def _rows_to_events(rows: Sequence[sa.Row[tuple[str, int, str | None, int | None, str, str]]]) -> list[LogEvent]:
+    return [
+        LogEvent(r[0], r[2], r[3], r[4], r[5].encode(), run_seq=r[1]) for r in rows
+    ]
+
+
+_COLUMNS = (Event.run_id, Event.run_seq, Event.step_id, Event.seq, Event.type, Event.data)
+
+
+async def read_step_events(db: Database, step_id: str, from_seq: int, limit: int) -> list[LogEvent]:
+    async with db.read() as session:
+        rows = (
+            await session.execute(
+                sa.select(*_COLUMNS)
+                .where(Event.step_id == step_id, Event.seq >= from_seq)
+                .order_by(Event.seq)
+                .limit(limit)
+            )
+        ).all()
+    return _rows_to_events(rows)
+
+
+async def read_run_events(db: Database, run_id: str, from_run_seq: int, limit: int) -> list[LogEvent]:
+    async with db.read() as session:
+        rows = (
+            await session.execute(
+                sa.select(*_COLUMNS)
+                .where(Event.run_id == run_id, Event.run_seq >= from_run_seq)
+                .order_by(Event.run_seq)
+                .limit(limit)
+            )
+        ).all()
+    return _rows_to_events(rows)
+
+
+@dataclass
+class _Batch:
+    events: list[LogEvent] = field(default_factory=list)
+    finalizers: list[Finalizer] = field(default_factory=list)
+    waiters: list[asyncio.Future[None]] = field(default_factory=list)
+
+
+class EventWriter:
+    """One writer task per process: drains queued events into one transaction per round.
+
+    Within a round every event is inserted before any finalizer runs, so a finalizer sees
+    the events queued with it.
+    """
+
+    def __init__(
+        self,
+        db: Database,
+        publish: Callable[[list[LogEvent]], None],
+        *,
+        max_pending: int = 20000,
+        retries: int = 3,
+    ) -> None:
+        self._db = db
+        self._publish = publish
+        self._max_pending = max_pending
+        self._retries = retries
+        self._batch = _Batch()
+        self._wake = asyncio.Event()
+        self._drained = asyncio.Event()
+        self._drained.set()
+        self._task: asyncio.Task[None] | None = None
+        self._closing = False
+        self.commits = 0
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="event-writer")
+
+    async def stop(self) -> None:
+        self._closing = True
+        self._wake.set()
+        if self._task is not None:
+            await self._task
+
+    @property
+    def pending(self) -> int:
+        return len(self._batch.events)
+
+    @property
+    def over_limit(self) -> bool:
+        return len(self._batch.events) > self._max_pending
+
+    def append_nowait(self, events: list[LogEvent]) -> None:
+        """Queue events; they commit with the next round."""
+        self._batch.events.extend(events)
+        self._drained.clear()
+        self._wake.set()
+
+    async def wait_drained(self) -> None:
+        await self._drained.wait()
+
+    async def append(
+        self, events: list[LogEvent], *, finalizer: Finalizer | None = None, wait: bool = False
+    ) -> None:
+        """Queue events (and a finalizer run in the same transaction).
+
+        With ``wait`` the call returns once they are committed, and raises if they could not
+        be. Otherwise it returns at once unless too many events are pending.
+        """
+        self.append_nowait(events)
+        if finalizer is not None:
+            self._batch.finalizers.append(finalizer)
+        if wait:
+            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._batch.waiters.append(fut)
+            await fut
+        elif self.over_limit:
+            await self._drained.wait()
+
+    async def _run(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while self._batch.events or self._batch.finalizers or self._batch.waiters:
+                batch, self._batch = self._batch, _Batch()
+                await self._commit(batch)
+            self._drained.set()
+            if self._closing:
+                return
+
+    async def _commit(self, batch: _Batch) -> None:
+        for attempt in range(self._retries + 1):
+            try:
+                async with self._db.write() as session:
+                    if batch.events:
+                        await insert_events(session, batch.events)
+                    for finalizer in batch.finalizers:
+                        await finalizer(session)
+                break
+            except Exception as exc:
+                if attempt == self._retries:
+                    log.exception("event log commit failed; %d events lost", len(batch.events))
+                    for fut in batch.waiters:
+                        if not fut.done():
+                            fut.set_exception(exc)
+                    return
+                await asyncio.sleep(0.05 * 2**attempt)
+        self.commits += 1
+        self._publish(batch.events)
+        for fut in batch.waiters:
+            if not fut.done():
+                fut.set_result(None)
+
+
+class StepLog:
+    """One step's producer side: checks the event grammar, numbers events, hands them over."""
+
+    def __init__(self, writer: EventWriter, run_id: str, step_id: str) -> None:
+        self._writer = writer
+        self.run_id = run_id
+        self.step_id = step_id
+        self.order = EventOrder()
+
+    def make(self, etype: EventType, payload: dict[str, object]) -> LogEvent:
+        seq = self.order.accept(etype)
+        return make_event(self.run_id, self.step_id, seq, etype.value, payload)
+
+    async def emit(self, etype: EventType, payload: dict[str, object]) -> None:
+        await self._writer.append([self.make(etype, payload)])
+
+    def emit_nowait(self, etype: EventType, payload: dict[str, object]) -> None:
+        self._writer.append_nowait([self.make(etype, payload)])
+
+    async def close(
+        self, etype: EventType, payload: dict[str, object], finalizer: Finalizer
+    ) -> None:
+        """Append the terminal event and run ``finalizer`` in the same transaction; wait."""
+        await self._writer.append([self.make(etype, payload)], finalizer=finalizer, wait=True)

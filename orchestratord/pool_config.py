@@ -1,0 +1,105 @@
+"""The pools file (YAML) and the single local pool of ``--engine``.
+
+Errors name the field and, for a file, the line it is on.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+EngineKind = Literal["sim", "llama", "openai", "kakeya", "salience", "uma"]
+
+
+class ReplicaSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    replica_id: str = Field(min_length=1, max_length=128)
+    url: str | None = None
+    model: str | None = None
+    slots: int = Field(default=1, ge=1, le=4096)
+    options: dict[str, Any] = Field(default_factory=dict)
+
+
+class PoolSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    pool_id: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.\-]+$")
+    engine: EngineKind
+    tags: dict[str, str] = Field(default_factory=dict)
+    replicas: list[ReplicaSpec] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _unique_replicas(self) -> PoolSpec:
+        ids = [r.replica_id for r in self.replicas]
+        if len(ids) != len(set(ids)):
+            raise ValueError("replica_id values must be unique within a pool")
+        return self
+
+
+class PoolsFile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    pools: list[PoolSpec] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _unique_pools(self) -> PoolsFile:
+        ids = [p.pool_id for p in self.pools]
+        if len(ids) != len(set(ids)):
+            raise ValueError("pool_id values must be unique")
+        return self
+
+
+class PoolConfigError(ValueError):
+    pass
+
+
+def load_pools_file(path: Path) -> list[PoolSpec]:
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise PoolConfigError(f"{path}: cannot read: {exc.strerror}") from exc
+    try:
+        node = yaml.compose(text)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise PoolConfigError(f"{path}: not valid YAML: {exc}") from exc
+    try:
+        return PoolsFile.model_validate(data).pools
+    except ValidationError as exc:
+        lines = []
+        for err in exc.errors():
+            loc = [p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-"))]
+            where = ".".join(str(p) for p in loc) or "(top level)"
+            line = _line_of(node, loc)
+            at = f" (line {line})" if line else ""
+            lines.append(f"{path}: {where}{at}: {err['msg']}")
+        raise PoolConfigError("\n".join(lines)) from exc
+
+
+def _line_of(node: yaml.Node | None, loc: list[Any]) -> int | None:
+    """1-based line of the YAML node at ``loc``, or of its nearest existing parent."""
+    line = node.start_mark.line + 1 if node is not None else None
+    for part in loc:
+        if isinstance(node, yaml.MappingNode) and isinstance(part, str):
+            match = next((v for k, v in node.value if k.value == part), None)
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
+            match = node.value[part]
+        else:
+            match = None
+        if match is None:
+            break
+        node = match
+        line = node.start_mark.line + 1
+    return line
+
+
+def local_pool(engine: EngineKind, *, slots: int) -> list[PoolSpec]:
+    return [
+        PoolSpec(
+            pool_id="local",
+            engine=engine,
+            tags={"location": "local"},
+            replicas=[ReplicaSpec(replica_id="r0", slots=slots)],
+        )
+    ]

@@ -1,0 +1,119 @@
+from __future__ import annotations
+
+import secrets
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from contracts.common import placement_to_json
+from contracts.runs import RunCreate
+from orchestrator_core import clock
+from orchestrator_core.errors import InvalidParams, NotFound, Unsupported
+from orchestrator_core.lifecycle import RunStatus, StepStatus, check_run_transition
+from orchestrator_core.placement import PoolView, validate_placement
+from orchestratord.db.models import Run, Step
+from orchestratord.repo.flows import get_flow
+from orchestratord.repo.steps import cancel_step_row
+from orchestratord.tx import Tx
+
+# Seeds the server picks fit in 32 bits, which every engine accepts.
+_SERVER_SEED_BOUND = 2**32
+
+
+async def create_run(
+    session: AsyncSession, *, flow_id: str, body: RunCreate, pools: list[PoolView]
+) -> Run:
+    await get_flow(session, flow_id=flow_id)
+    if body.source_run_id is not None:
+        source = await session.get(Run, body.source_run_id)
+        if source is None:
+            raise InvalidParams("no run with this id", field="source_run_id")
+    if body.mode != "record":
+        raise Unsupported(
+            f"mode {body.mode!r} is not served yet; only 'record' runs can be created",
+            details={"field": "mode", "supported": ["record"]},
+        )
+    pool_policy = placement_to_json(body.pool_policy)
+    validate_placement(pool_policy, pools, field="pool_policy")
+    now = clock.now()
+    run = Run(
+        run_id=clock.new_id("run"),
+        flow_id=flow_id,
+        mode=body.mode,
+        seed=body.seed if body.seed is not None else secrets.randbelow(_SERVER_SEED_BOUND),
+        source_run_id=body.source_run_id,
+        status=RunStatus.RUNNING.value,
+        budgets=body.budgets.model_dump(),
+        policy=body.policy.model_dump(),
+        pool_policy=pool_policy,
+        fs_policy=body.fs_policy.model_dump(),
+        cancel_on_disconnect=body.cancel_on_disconnect,
+        tokens_in_used=0,
+        tokens_out_used=0,
+        cost_used_usd=0.0,
+        step_count=0,
+        event_seq=0,
+        created_at=now,
+        updated_at=now,
+    )
+    session.add(run)
+    await session.flush()
+    return run
+
+
+async def get_run(session: AsyncSession, *, run_id: str, lock: bool = False) -> Run:
+    stmt = sa.select(Run).where(Run.run_id == run_id)
+    if lock:
+        stmt = stmt.with_for_update()
+    run = (await session.execute(stmt)).scalar_one_or_none()
+    if run is None:
+        raise NotFound("run", run_id)
+    return run
+
+
+def run_view(run: Run) -> dict[str, Any]:
+    return {
+        **{c: getattr(run, c) for c in (
+            "run_id", "flow_id", "mode", "seed", "source_run_id", "status", "budgets", "policy",
+            "pool_policy", "fs_policy", "cancel_on_disconnect", "step_count", "created_at",
+            "updated_at",
+        )},
+        "usage": {
+            "tokens_in": run.tokens_in_used,
+            "tokens_out": run.tokens_out_used,
+            "cost_usd": run.cost_used_usd,
+        },
+    }
+
+
+async def cancel_run(tx: Tx, *, run_id: str) -> tuple[str, list[str]]:
+    """Cancel queued steps now, ask running ones to stop; returns (status, running step ids)."""
+    session = tx.session
+    run = await get_run(session, run_id=run_id, lock=True)
+    status = RunStatus(run.status)
+    if status.terminal or status is RunStatus.CANCELLING:
+        return run.status, []
+    steps = (
+        await session.execute(
+            sa.select(Step)
+            .where(
+                Step.run_id == run_id,
+                Step.status.in_([StepStatus.QUEUED.value, StepStatus.RUNNING.value]),
+            )
+            .order_by(Step.step_id)
+            .with_for_update()
+        )
+    ).scalars().all()
+    running: list[str] = []
+    for step in steps:
+        if step.status == StepStatus.QUEUED.value:
+            await cancel_step_row(tx, step=step)
+        else:
+            step.cancel_requested = True
+            running.append(step.step_id)
+    target = RunStatus.CANCELLING if running else RunStatus.CANCELLED
+    check_run_transition(status, target)
+    run.status = target.value
+    run.updated_at = clock.now()
+    return run.status, running

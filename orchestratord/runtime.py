@@ -1,0 +1,87 @@
+"""The running service: database, event writer, hub, pools and dispatcher, started together."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from orchestratord.db.engine import Database
+from orchestratord.db.migrate import upgrade
+from orchestratord.dispatcher import Dispatcher, recover_orphans
+from orchestratord.eventlog import EventWriter
+from orchestratord.hub import Hub
+from orchestratord.pool_config import load_pools_file, local_pool
+from orchestratord.pools import PoolRegistry, build_registry
+from orchestratord.repo.steps import cancel_step
+from orchestratord.settings import Settings
+from orchestratord.tx import Tx
+
+log = logging.getLogger(__name__)
+
+
+class Orchestrator:
+    def __init__(self, settings: Settings, *, pools: PoolRegistry | None = None) -> None:
+        self.settings = settings
+        self.db = Database(settings.database_url)
+        self.hub = Hub(buffer_events=settings.stream.buffer_events)
+        self.writer = EventWriter(
+            self.db, self.hub.publish, max_pending=settings.dispatch.max_pending_events
+        )
+        if pools is None:
+            specs = (
+                load_pools_file(settings.pools_file)
+                if settings.pools_file is not None
+                else local_pool(settings.engine, slots=settings.sim.slots)
+            )
+            pools = build_registry(specs, settings)
+        self.pools = pools
+        self.dispatcher = Dispatcher(
+            self.db, self.pools, self.writer, poll_s=settings.dispatch.poll_s
+        )
+        self._background: set[asyncio.Task[object]] = set()
+
+    async def start(self, *, migrate: bool = True) -> None:
+        if migrate:
+            await upgrade(self.db)
+        if self.db.is_sqlite:
+            async with self.tx() as tx:
+                n = await recover_orphans(tx)
+            if n:
+                log.warning("ended %d steps interrupted by the last shutdown", n)
+        await self.pools.refresh()
+        self.writer.start()
+        self.dispatcher.start()
+        self.dispatcher.wake()
+
+    async def stop(self) -> None:
+        await self.dispatcher.stop()
+        await self.writer.stop()
+        for task in list(self._background):
+            task.cancel()
+        await self.pools.aclose()
+        await self.db.dispose()
+
+    @asynccontextmanager
+    async def tx(self) -> AsyncIterator[Tx]:
+        """A write transaction; its events are published and callbacks run after commit."""
+        async with self.db.write() as session:
+            tx = Tx(session)
+            yield tx
+        self.hub.publish(tx.events)
+        for callback in tx.callbacks:
+            callback()
+
+    async def cancel_step(self, step_id: str) -> str:
+        async with self.tx() as tx:
+            status, running = await cancel_step(tx, step_id=step_id)
+        if running:
+            self.dispatcher.cancel(step_id)
+        return status
+
+    def cancel_step_soon(self, step_id: str) -> None:
+        """Cancel from a context that cannot wait (a stream being torn down)."""
+        task = asyncio.create_task(self.cancel_step(step_id))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)

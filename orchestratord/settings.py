@@ -1,0 +1,63 @@
+"""All settings, in one place. Nothing else reads the environment.
+
+Every field can be set as ``ORCHESTRATORD_<NAME>`` (nested: ``ORCHESTRATORD_SIM__TOKENS_PER_S``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class SimSettings(BaseModel):
+    tokens_per_s: float = Field(
+        default=50.0, ge=0, description="Token rate of the sim engine; 0 streams as fast as possible"
+    )
+    eos_probability: float = Field(default=0.02, ge=0, le=1, description="Chance of EOS per token")
+    slots: int = Field(default=8, ge=1, description="Concurrent requests of the sim replica")
+
+
+class StreamSettings(BaseModel):
+    keepalive_s: float = Field(default=15.0, gt=0, description="Seconds between `: keep-alive`")
+    buffer_events: int = Field(
+        default=4096, ge=16, description="Recent events each live stream keeps in memory"
+    )
+    read_batch: int = Field(default=512, ge=1, description="Events read from the log per query")
+    poll_s: float = Field(
+        default=0.5, gt=0, description="How often a follower re-reads the log for foreign writes"
+    )
+    cancel_on_disconnect: bool = Field(
+        default=False,
+        description="Server-wide default: cancel a step when its last subscriber leaves",
+    )
+
+
+class DispatchSettings(BaseModel):
+    poll_s: float = Field(
+        default=0.5, gt=0, description="How often the dispatcher looks for queued steps and cancels"
+    )
+    max_pending_events: int = Field(
+        default=20000, ge=100, description="Events waiting for commit before producers wait"
+    )
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="ORCHESTRATORD_", env_nested_delimiter="__")
+
+    database_url: str = Field(
+        default=f"sqlite:///{Path.cwd() / 'orchestratord.db'}",
+        description="SQLAlchemy URL: sqlite:///path or postgresql://user@host/db",
+    )
+    engine: Literal["sim", "llama"] = Field(
+        default="sim", description="Engine of the one local pool when no pools file is given"
+    )
+    pools_file: Path | None = Field(default=None, description="YAML file of pools")
+    host: str = "127.0.0.1"
+    port: int = 8080
+    log_level: str = "info"
+    sim: SimSettings = Field(default_factory=SimSettings)
+    stream: StreamSettings = Field(default_factory=StreamSettings)
+    dispatch: DispatchSettings = Field(default_factory=DispatchSettings)

@@ -1,0 +1,25 @@
+"""A write transaction plus what must happen once it has committed."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from orchestratord.eventlog import LogEvent, insert_events
+
+
+@dataclass
+class Tx:
+    session: AsyncSession
+    events: list[LogEvent] = field(default_factory=list)
+    callbacks: list[Callable[[], None]] = field(default_factory=list)
+
+    async def append_events(self, events: list[LogEvent]) -> None:
+        """Write events now; they are published to followers after commit."""
+        await insert_events(self.session, events)
+        self.events.extend(events)
+
+    def after_commit(self, callback: Callable[[], None]) -> None:
+        self.callbacks.append(callback)

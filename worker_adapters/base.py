@@ -1,0 +1,104 @@
+"""The adapter interface: ``stream``, ``cancel``, ``health``, ``capabilities``.
+
+An adapter turns one engine protocol into a stream of :class:`Token` followed by exactly one
+:class:`Finish`. It raises only :mod:`worker_adapters.errors`. ``cancel`` may be called from
+another task while ``stream`` is being iterated; closing the iterator (``aclose``) must also
+release the engine's slot.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    request_id: str
+    prompt: str | None
+    messages: tuple[dict[str, str], ...] | None
+    seed: int
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    stop: tuple[str, ...] = ()
+    model: str | None = None
+    logprobs: bool = False
+
+    def rendered_prompt(self) -> str:
+        """Plain text for engines that take a prompt string and have no chat template."""
+        if self.messages is None:
+            return self.prompt or ""
+        return "".join(f"{m['role']}: {m['content']}\n" for m in self.messages) + "assistant:"
+
+
+@dataclass(frozen=True, slots=True)
+class Token:
+    text: str
+    token_id: int | None = None
+    logprob: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Finish:
+    stop_reason: str  # eos | length | stop
+    tokens_in: int
+    tokens_out: int
+
+
+AdapterEvent = Token | Finish
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    engine: str
+    engine_version: str
+    model: str
+    model_hash: str
+    context_size: int
+    quantization: str | None = None
+    features: tuple[str, ...] = ()
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "engine": self.engine,
+            "engine_version": self.engine_version,
+            "model": self.model,
+            "model_hash": self.model_hash,
+            "context_size": self.context_size,
+            "quantization": self.quantization,
+            "features": list(self.features),
+            **self.extra,
+        }
+
+
+@dataclass(frozen=True)
+class Health:
+    live: bool
+    ready: bool
+    detail: str = ""
+
+
+class WorkerAdapter(abc.ABC):
+    kind: ClassVar[str]
+
+    @abc.abstractmethod
+    def stream(self, request: GenerationRequest) -> AsyncIterator[AdapterEvent]:
+        """Generate for ``request``: tokens, then one Finish."""
+
+    @abc.abstractmethod
+    async def cancel(self, request_id: str) -> None:
+        """Abort the request; the engine frees its slot. Unknown ids are ignored."""
+
+    @abc.abstractmethod
+    async def health(self) -> Health: ...
+
+    @abc.abstractmethod
+    async def capabilities(self) -> Capabilities: ...
+
+    async def aclose(self) -> None:  # noqa: B027 - optional hook, most adapters hold nothing
+        """Release connections and threads held by the adapter."""

@@ -1,0 +1,164 @@
+"""The deterministic simulated engine.
+
+Tokens are a pure function of (prompt, sampling params, seed): a SHA-256 of the three seeds a
+PRNG that picks words from a fixed vocabulary and decides where the sequence ends. It can run
+at a given token rate or as fast as possible (``tokens_per_s=0``), for benchmarks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import random
+import re
+from collections.abc import AsyncIterator
+
+from worker_adapters.base import (
+    AdapterEvent,
+    Capabilities,
+    Finish,
+    GenerationRequest,
+    Health,
+    Token,
+    WorkerAdapter,
+)
+
+SIM_VERSION = "1.0"
+_WORDS = (
+    "the of and to in is that it for on was with as by be this are or at from an not but have "
+    "all which one were their they there can more will would about when so what up out into "
+    "plan step tool call fact gate run flow seed token stream replay model pool budget policy "
+    "alpha beta gamma delta light river stone cloud signal vector prime orbit lattice. , ! ?"
+).split()
+VOCAB: tuple[str, ...] = tuple(w + " " for w in _WORDS)
+_PIECE = re.compile(r"\S+\s*|\s+")
+# Yield to the event loop this often when streaming as fast as possible.
+_FAST_YIELD_EVERY = 16
+
+
+def sim_token_count(text: str) -> int:
+    return len(_PIECE.findall(text))
+
+
+class SimAdapter(WorkerAdapter):
+    kind = "sim"
+
+    def __init__(
+        self,
+        *,
+        tokens_per_s: float = 50.0,
+        eos_probability: float = 0.02,
+        model: str = "sim-1",
+        context_size: int = 8192,
+    ) -> None:
+        if tokens_per_s < 0:
+            raise ValueError("tokens_per_s must be >= 0 (0 streams as fast as possible)")
+        self.tokens_per_s = tokens_per_s
+        self.eos_probability = eos_probability
+        self.model = model
+        self.context_size = context_size
+        self._cancelled: set[str] = set()
+        self._active: set[str] = set()
+        identity = {"engine": "sim", "version": SIM_VERSION, "vocab": VOCAB,
+                    "eos_probability": eos_probability, "model": model}
+        self.model_hash = "sha256:" + hashlib.sha256(
+            json.dumps(identity, sort_keys=True, separators=(",", ":")).encode()
+        ).hexdigest()
+
+    @property
+    def active_requests(self) -> frozenset[str]:
+        return frozenset(self._active)
+
+    def _rng(self, request: GenerationRequest) -> random.Random:
+        material = json.dumps(
+            {
+                "prompt": request.prompt,
+                "messages": request.messages,
+                "max_tokens": request.max_tokens,
+                "temperature": request.temperature,
+                "top_p": request.top_p,
+                "top_k": request.top_k,
+                "stop": list(request.stop),
+                "seed": request.seed,
+                "model": self.model_hash,
+            },
+            sort_keys=True,
+            ensure_ascii=False,
+        ).encode()
+        return random.Random(hashlib.sha256(material).digest())
+
+    async def stream(self, request: GenerationRequest) -> AsyncIterator[AdapterEvent]:
+        rid = request.request_id
+        self._active.add(rid)
+        try:
+            rng = self._rng(request)
+            tokens_in = sim_token_count(request.rendered_prompt())
+            interval = 1.0 / self.tokens_per_s if self.tokens_per_s > 0 else 0.0
+            loop = asyncio.get_running_loop()
+            start = loop.time()
+            text = ""
+            out = 0
+            stop_reason = "length"
+            while out < request.max_tokens:
+                if rid in self._cancelled:
+                    return
+                if interval:
+                    delay = start + (out + 1) * interval - loop.time()
+                    if delay > 0:
+                        await asyncio.sleep(delay)
+                    if rid in self._cancelled:
+                        return
+                elif out % _FAST_YIELD_EVERY == 0:
+                    await asyncio.sleep(0)
+                if out > 0 and rng.random() < self.eos_probability:
+                    stop_reason = "eos"
+                    break
+                token_id = rng.randrange(len(VOCAB))
+                piece = VOCAB[token_id]
+                hit = _first_stop(text + piece, request.stop, len(text))
+                if hit is not None:
+                    cut = hit - len(text)
+                    if cut > 0:
+                        out += 1
+                        yield Token(text=piece[:cut], token_id=token_id)
+                    stop_reason = "stop"
+                    break
+                text += piece
+                out += 1
+                yield Token(text=piece, token_id=token_id)
+            yield Finish(stop_reason=stop_reason, tokens_in=tokens_in, tokens_out=out)
+        finally:
+            self._active.discard(rid)
+            self._cancelled.discard(rid)
+
+    async def cancel(self, request_id: str) -> None:
+        if request_id in self._active:
+            self._cancelled.add(request_id)
+
+    async def health(self) -> Health:
+        return Health(live=True, ready=True)
+
+    async def capabilities(self) -> Capabilities:
+        return Capabilities(
+            engine="sim",
+            engine_version=SIM_VERSION,
+            model=self.model,
+            model_hash=self.model_hash,
+            context_size=self.context_size,
+            quantization=None,
+            features=("seed", "stop", "token_ids"),
+            extra={"tokens_per_s": self.tokens_per_s},
+        )
+
+
+def _first_stop(text: str, stops: tuple[str, ...], searched_upto: int) -> int | None:
+    """Index in ``text`` where the earliest stop string begins, looking only at new text."""
+    best: int | None = None
+    for stop in stops:
+        if not stop:
+            continue
+        idx = text.find(stop, max(0, searched_upto - len(stop) + 1))
+        if idx != -1 and (best is None or idx < best):
+            best = idx
+    return best
