@@ -123,6 +123,23 @@ async def read_run_events(db: Database, run_id: str, from_run_seq: int, limit: i
     return _rows_to_events(rows)
 
 
+async def step_ended_before(db: Database, step_id: str, cursor: int) -> bool:
+    """Whether the step's terminal event has a seq below ``cursor``."""
+    async with db.read() as session:
+        found = (
+            await session.execute(
+                sa.select(Event.seq)
+                .where(
+                    Event.step_id == step_id,
+                    Event.seq < cursor,
+                    Event.type.in_([t.value for t in TERMINAL_TYPES]),
+                )
+                .limit(1)
+            )
+        ).first()
+    return found is not None
+
+
 @dataclass
 class _Batch:
     events: list[LogEvent] = field(default_factory=list)

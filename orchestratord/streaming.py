@@ -9,11 +9,17 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
 
-from orchestratord.eventlog import LogEvent, read_run_events, read_step_events
+from orchestratord.eventlog import (
+    LogEvent,
+    read_run_events,
+    read_step_events,
+    step_ended_before,
+)
 from orchestratord.hub import Channel
 from orchestratord.runtime import Orchestrator
 
 Reader = Callable[[int, int], Awaitable[list[LogEvent]]]
+EndedBefore = Callable[[int], Awaitable[bool]]
 
 
 def encode_frames(events: list[LogEvent], *, run_cursor: bool) -> bytes:
@@ -33,11 +39,15 @@ async def _follow(
     batch: int,
     poll_s: float,
     state: dict[str, bool],
+    ended_before: EndedBefore | None = None,
 ) -> AsyncIterator[bytes]:
     while True:
         events = channel.take(cursor, batch)
         if events is None or (not events and channel.last < cursor):
             events = await read(cursor, batch)
+            if not events and ended_before is not None and await ended_before(cursor):
+                state["ended"] = True  # resumed after the terminal event: nothing follows
+                return
         if events:
             yield encode_frames(events, run_cursor=run_cursor)
             last = events[-1]
@@ -59,9 +69,13 @@ async def follow_step(
     async def read(cursor: int, limit: int) -> list[LogEvent]:
         return await read_step_events(orch.db, step_id, cursor, limit)
 
+    async def ended_before(cursor: int) -> bool:
+        return await step_ended_before(orch.db, step_id, cursor)
+
     try:
         async for chunk in _follow(channel, read, from_seq, run_cursor=False,
-                                   batch=settings.read_batch, poll_s=settings.poll_s, state=state):
+                                   batch=settings.read_batch, poll_s=settings.poll_s, state=state,
+                                   ended_before=ended_before):
             yield chunk
     finally:
         remaining = orch.hub.unsubscribe_step(step_id)

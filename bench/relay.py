@@ -1,0 +1,729 @@
+"""Relay benchmark: how much of the sim engine's token rate reaches SSE clients.
+
+One run measures, with ``--streams`` concurrent streams of ``--tokens`` tokens each:
+
+* ``direct``: ``SimAdapter(tokens_per_s=0, eos_probability=0).stream()`` consumed in this
+  process, no HTTP: the engine's own ceiling.
+* ``bare relay``: ``bench/bare_relay.py``, a bare Starlette app in its own uvicorn process
+  that streams SSE frames straight from the same adapter (same frame and payload shape as
+  orchestratord's step events), nothing persisted. Its ``flush16`` variant writes the frames
+  of one sim burst (16 tokens) per write; ``flush1`` (extra row) writes every frame alone.
+* ``orchestratord``: the real server (``.venv/bin/orchestratord serve``, sim as fast as
+  possible, no EOS, slots >= streams, a fresh SQLite file, persistence on); the client
+  submits the steps and follows their streams. With ``--pg`` also on a fresh PostgreSQL
+  database created (and dropped) here with asyncpg.
+
+The client is this process (httpx.AsyncClient, one event loop); every server is a separate
+process on a free loopback port, started here, polled on ``GET /healthz`` until ready, and
+stopped here. Scenarios run one after another, each with a warm-up round; each reported
+figure is the median over ``--repeat`` rounds.
+
+Delivered tokens/s = token frames received by all clients / wall time of the round (first
+request sent to last stream closed). TTFT = first ``token`` frame received - request sent
+(for orchestratord: the step POST). "idle TTFT" is one stream at a time on an idle server.
+
+Usage: ``.venv/bin/python bench/relay.py [--streams 50] [--tokens 2000] [--repeat 3] [--pg]``
+Writes ``bench/results/relay.json`` and prints a markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import atexit
+import contextlib
+import json
+import os
+import platform
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from worker_adapters import Finish, GenerationRequest, Token  # noqa: E402
+from worker_adapters.sim import SimAdapter  # noqa: E402
+
+VENV_BIN = Path(sys.executable).parent
+TARGET_RATIO = 0.8
+TARGET_ADDED_TTFT_MS = 2.0
+IDLE_PROBES = 20
+IDLE_PROBE_TOKENS = 32
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+_children: list[subprocess.Popen[bytes]] = []
+
+
+@atexit.register
+def _kill_leftovers() -> None:
+    """Last resort: no server of ours outlives this process."""
+    for proc in _children:
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=5)
+
+
+# --------------------------------------------------------------------------------------------
+# Measurements
+
+
+@dataclass
+class StreamResult:
+    tokens: int
+    ttft_s: float | None
+    ended: bool
+
+
+@dataclass
+class Round:
+    wall_s: float
+    tokens: int
+    delivered_tok_s: float
+    ttft_p50_ms: float | None
+    ttft_p95_ms: float | None
+    ok_streams: int
+    server_cpu_s: float | None
+    client_cpu_s: float
+
+
+@dataclass
+class Scenario:
+    name: str
+    kind: str
+    rounds: list[Round] = field(default_factory=list)
+    idle_ttft_ms: list[float] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+    def median(self, attr: str) -> float | None:
+        values = [getattr(r, attr) for r in self.rounds if getattr(r, attr) is not None]
+        return statistics.median(values) if values else None
+
+    def summary(self, streams: int) -> dict[str, Any]:
+        tokens = self.median("tokens") or 0
+        server = self.median("server_cpu_s")
+        client = self.median("client_cpu_s")
+        return {
+            "delivered_tok_s": self.median("delivered_tok_s"),
+            "wall_s": self.median("wall_s"),
+            "ttft_p50_ms": self.median("ttft_p50_ms"),
+            "ttft_p95_ms": self.median("ttft_p95_ms"),
+            "idle_ttft_p50_ms": percentile(self.idle_ttft_ms, 50),
+            "server_cpu_us_per_token": None if server is None or not tokens
+            else server / tokens * 1e6,
+            "client_cpu_us_per_token": None if client is None or not tokens
+            else client / tokens * 1e6,
+            "all_streams_complete": bool(self.rounds)
+            and all(r.ok_streams == streams for r in self.rounds) and not self.errors,
+        }
+
+
+def percentile(values: list[float], p: float) -> float | None:
+    if not values:
+        return None
+    xs = sorted(values)
+    k = (len(xs) - 1) * p / 100
+    lo = int(k)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
+def make_round(results: list[StreamResult], wall_s: float, expect: int,
+               server_cpu_s: float | None, client_cpu_s: float) -> Round:
+    ttfts = [r.ttft_s * 1000 for r in results if r.ttft_s is not None]
+    tokens = sum(r.tokens for r in results)
+    return Round(
+        wall_s=wall_s,
+        tokens=tokens,
+        delivered_tok_s=tokens / wall_s if wall_s > 0 else 0.0,
+        ttft_p50_ms=percentile(ttfts, 50),
+        ttft_p95_ms=percentile(ttfts, 95),
+        ok_streams=sum(1 for r in results if r.ended and r.tokens == expect),
+        server_cpu_s=server_cpu_s,
+        client_cpu_s=client_cpu_s,
+    )
+
+
+async def consume_sse(client: httpx.AsyncClient, url: str, t0: float) -> StreamResult:
+    """Follow one SSE stream to its end; count ``token`` frames, time the first one."""
+    tokens = 0
+    ttft: float | None = None
+    ended = False
+    tail = b""
+    async with client.stream("GET", url, headers={"Accept": "text/event-stream"}) as resp:
+        if resp.status_code != 200:
+            await resp.aread()
+            raise RuntimeError(f"GET {url}: {resp.status_code} {resp.text[:200]}")
+        async for chunk in resp.aiter_raw():
+            data = tail + chunk if tail else chunk
+            cut = data.rfind(b"\n\n")
+            if cut < 0:
+                tail = data
+                continue
+            done, tail = data[: cut + 2], data[cut + 2 :]
+            n = done.count(b"event: token\n")
+            if n:
+                if ttft is None:
+                    ttft = time.perf_counter() - t0
+                tokens += n
+            if b"event: end\n" in done or b"event: error\n" in done:
+                ended = True  # keep reading: the server closes the stream, the connection stays
+    return StreamResult(tokens, ttft, ended)
+
+
+def _request(i: int, tokens: int) -> GenerationRequest:
+    return GenerationRequest(request_id=f"direct-{i}-{uuid.uuid4().hex[:8]}",
+                             prompt=f"bench stream {i}", messages=None, seed=i,
+                             max_tokens=tokens)
+
+
+async def direct_round(streams: int, tokens: int) -> Round:
+    adapter = SimAdapter(tokens_per_s=0, eos_probability=0)
+
+    async def one(i: int) -> StreamResult:
+        t0 = time.perf_counter()
+        ttft = None
+        count = 0
+        ended = False
+        async for item in adapter.stream(_request(i, tokens)):
+            if isinstance(item, Token):
+                if ttft is None:
+                    ttft = time.perf_counter() - t0
+                count += 1
+            elif isinstance(item, Finish):
+                ended = True
+        return StreamResult(count, ttft, ended)
+
+    c0 = time.process_time()
+    t0 = time.perf_counter()
+    results = await asyncio.gather(*(one(i) for i in range(streams)))
+    wall = time.perf_counter() - t0
+    return make_round(list(results), wall, tokens, None, time.process_time() - c0)
+
+
+# --------------------------------------------------------------------------------------------
+# Servers
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Server:
+    def __init__(self, name: str, argv: list[str], env: dict[str, str], port: int,
+                 log_path: Path) -> None:
+        self.name = name
+        self.argv = argv
+        self.env = env
+        self.port = port
+        self.base_url = f"http://127.0.0.1:{port}"
+        self.log_path = log_path
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    async def start(self, timeout_s: float = 60.0) -> None:
+        log = self.log_path.open("wb")
+        self.proc = subprocess.Popen(  # noqa: ASYNC220 (returns at once)
+            self.argv, env=self.env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL, start_new_session=True)
+        log.close()
+        _children.append(self.proc)
+        deadline = time.monotonic() + timeout_s
+        async with httpx.AsyncClient(base_url=self.base_url, timeout=2.0) as probe:
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"{self.name} exited with {self.proc.returncode}:\n"
+                                       f"{self.log_tail()}")
+                with contextlib.suppress(httpx.HTTPError):
+                    if (await probe.get("/healthz")).status_code == 200:
+                        return
+                await asyncio.sleep(0.1)
+        raise RuntimeError(f"{self.name} not ready after {timeout_s}s:\n{self.log_tail()}")
+
+    def cpu_s(self) -> float | None:
+        """utime + stime of the server process, from /proc."""
+        if self.proc is None:
+            return None
+        try:
+            fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            return None
+        return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+    def log_tail(self, n: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+    async def stop(self, grace_s: float = 15.0) -> None:
+        proc = self.proc
+        if proc is None or proc.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGINT)
+        deadline = time.monotonic() + grace_s
+        while proc.poll() is None and time.monotonic() < deadline:  # noqa: ASYNC110
+            await asyncio.sleep(0.1)
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            await asyncio.to_thread(proc.wait, 5)
+
+
+def server_env(extra: dict[str, str]) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ORCHESTRATORD_")}
+    env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH")
+                                     else "")
+    env.update(extra)
+    return env
+
+
+class Clients:
+    """One ``httpx.AsyncClient`` per stream (stream ``i`` always uses ``clients[i]``).
+
+    A single shared client is not used on purpose: httpcore's connection pool rescans every
+    queued request against every connection on each change, so with ~50 concurrent streams
+    on one pool the client itself serializes the streams' starts (measured: the 50th request
+    reached the bare relay ~1 s after it was issued, against ~0.1 s with one client per
+    stream). One client per stream keeps one warm keep-alive connection per stream.
+    """
+
+    def __init__(self, streams: int, timeout_s: float) -> None:
+        timeout = httpx.Timeout(timeout_s, connect=10.0)
+        limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
+        self.per_stream = [httpx.AsyncClient(timeout=timeout, limits=limits)
+                           for _ in range(streams)]
+        self.control = httpx.AsyncClient(timeout=timeout)
+
+    def __getitem__(self, i: int) -> httpx.AsyncClient:
+        return self.per_stream[i % len(self.per_stream)]
+
+    async def __aenter__(self) -> Clients:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        for c in [*self.per_stream, self.control]:
+            await c.aclose()
+
+
+def make_client(streams: int, timeout_s: float) -> Clients:
+    return Clients(streams, timeout_s)
+
+
+# --------------------------------------------------------------------------------------------
+# Scenario drivers
+
+StartOne = Callable[[int], Awaitable[StreamResult]]
+
+
+async def timed_round(server: Server, streams: int, tokens: int, start_one: StartOne,
+                      timeout_s: float) -> Round:
+    s0, c0 = server.cpu_s(), time.process_time()
+    t0 = time.perf_counter()
+    results = await asyncio.wait_for(
+        asyncio.gather(*(start_one(i) for i in range(streams))), timeout_s
+    )
+    wall = time.perf_counter() - t0
+    s1, c1 = server.cpu_s(), time.process_time()
+    server_cpu = None if s0 is None or s1 is None else s1 - s0
+    return make_round(list(results), wall, tokens, server_cpu, c1 - c0)
+
+
+async def bench_bare(args: argparse.Namespace, flush: int, workdir: Path) -> Scenario:
+    sc = Scenario(name=f"bare relay (flush{flush})", kind="bare")
+    port = free_port()
+    server = Server(sc.name, [sys.executable, str(HERE / "bare_relay.py"), "--port", str(port),
+                              "--log-level", args.server_log_level],
+                    server_env({}), port, workdir / f"bare_flush{flush}.log")
+    try:
+        await server.start()
+        async with make_client(args.streams, args.round_timeout) as clients:
+            def start_one_for(tokens: int, tag: str) -> StartOne:
+                async def one(i: int) -> StreamResult:
+                    url = (f"{server.base_url}/stream?max_tokens={tokens}&seed={i}"
+                           f"&prompt=bench%20stream%20{i}&flush={flush}&id={tag}-{i}")
+                    return await consume_sse(clients[i], url, time.perf_counter())
+                return one
+
+            await timed_round(server, args.streams, args.warmup_tokens,
+                              start_one_for(args.warmup_tokens, "warm"), args.round_timeout)
+            for r in range(args.repeat):
+                sc.rounds.append(await timed_round(
+                    server, args.streams, args.tokens, start_one_for(args.tokens, f"r{r}"),
+                    args.round_timeout))
+                print(f"  {sc.name} round {r + 1}: {fmt_round(sc.rounds[-1])}", flush=True)
+            probe = start_one_for(IDLE_PROBE_TOKENS, "idle")
+            for i in range(IDLE_PROBES):
+                res = await asyncio.wait_for(probe(i), args.round_timeout)
+                if res.ttft_s is not None:
+                    sc.idle_ttft_ms.append(res.ttft_s * 1000)
+    except Exception as exc:
+        sc.errors.append(f"{type(exc).__name__}: {exc}")
+        print(f"  {sc.name} FAILED: {exc}\n{server.log_tail()}", flush=True)
+    finally:
+        await server.stop()
+    return sc
+
+
+async def bench_orchestratord(args: argparse.Namespace, name: str, database_url: str,
+                              workdir: Path) -> Scenario:
+    sc = Scenario(name=name, kind="orchestratord")
+    port = free_port()
+    env = server_env({
+        "ORCHESTRATORD_SIM__TOKENS_PER_S": "0",
+        "ORCHESTRATORD_SIM__EOS_PROBABILITY": "0",
+        "ORCHESTRATORD_SIM__SLOTS": str(max(64, args.streams)),
+        "ORCHESTRATORD_LOG_LEVEL": args.server_log_level,
+    })
+    exe = VENV_BIN / "orchestratord"
+    argv = [str(exe)] if exe.exists() else [sys.executable, "-m", "orchestratord.cli"]
+    argv += ["serve", "--engine", "sim", "--database-url", database_url,
+             "--host", "127.0.0.1", "--port", str(port)]
+    slug = name.replace(" ", "_").replace("(", "").replace(")", "")
+    server = Server(name, argv, env, port, workdir / f"{slug}.log")
+    try:
+        await server.start()
+        async with make_client(args.streams, args.round_timeout) as clients:
+            base = server.base_url
+            r = await clients.control.post(f"{base}/v1/flows",
+                                           json={"ast": {"v": 1, "bench": "relay"}})
+            r.raise_for_status()
+            flow_id = r.json()["flow_id"]
+
+            async def new_run(seed: int) -> str:
+                r = await clients.control.post(f"{base}/v1/flows/{flow_id}/runs",
+                                              json={"seed": seed})
+                r.raise_for_status()
+                run_id: str = r.json()["run_id"]
+                return run_id
+
+            async def prepared(tokens: int, tag: str) -> StartOne:
+                # Runs are created before the clock starts: one per stream, or one shared.
+                if args.shared_run:
+                    shared = await new_run(1)
+                    run_ids = [shared] * args.streams
+                else:
+                    run_ids = [await new_run(i + 1) for i in range(args.streams)]
+
+                async def one(i: int) -> StreamResult:
+                    run_id = run_ids[i % len(run_ids)]
+                    t0 = time.perf_counter()
+                    resp = await clients[i].post(
+                        f"{base}/v1/runs/{run_id}/steps",
+                        json={"type": "llm_call", "client_token": f"{tag}-{i}-{uuid.uuid4().hex}",
+                              "input": {"prompt": f"bench stream {i}",
+                                        "params": {"max_tokens": tokens}}},
+                    )
+                    if resp.status_code not in (200, 202):
+                        raise RuntimeError(f"step POST: {resp.status_code} {resp.text[:200]}")
+                    step_id = resp.json()["step_id"]
+                    return await consume_sse(clients[i], f"{base}/v1/steps/{step_id}/stream",
+                                             t0)
+                return one
+
+            await timed_round(server, args.streams, args.warmup_tokens,
+                              await prepared(args.warmup_tokens, "warm"), args.round_timeout)
+            for r_i in range(args.repeat):
+                start_one = await prepared(args.tokens, f"r{r_i}")
+                sc.rounds.append(await timed_round(server, args.streams, args.tokens,
+                                                   start_one, args.round_timeout))
+                print(f"  {sc.name} round {r_i + 1}: {fmt_round(sc.rounds[-1])}", flush=True)
+            run_id = await new_run(99)
+            for i in range(IDLE_PROBES):
+                t0 = time.perf_counter()
+                resp = await clients[0].post(
+                    f"{base}/v1/runs/{run_id}/steps",
+                    json={"type": "llm_call", "client_token": f"idle-{i}-{uuid.uuid4().hex}",
+                          "input": {"prompt": f"bench stream {i}",
+                                    "params": {"max_tokens": IDLE_PROBE_TOKENS}}},
+                )
+                resp.raise_for_status()
+                res = await asyncio.wait_for(
+                    consume_sse(clients[0], f"{base}/v1/steps/{resp.json()['step_id']}/stream",
+                                t0),
+                    args.round_timeout)
+                if res.ttft_s is not None:
+                    sc.idle_ttft_ms.append(res.ttft_s * 1000)
+    except Exception as exc:
+        sc.errors.append(f"{type(exc).__name__}: {exc}")
+        print(f"  {sc.name} FAILED: {exc}\n{server.log_tail()}", flush=True)
+    finally:
+        await server.stop()
+    return sc
+
+
+async def bench_direct(args: argparse.Namespace) -> Scenario:
+    sc = Scenario(name="direct (in-process sim)", kind="direct")
+    await direct_round(args.streams, args.warmup_tokens)
+    for r in range(args.repeat):
+        sc.rounds.append(await direct_round(args.streams, args.tokens))
+        print(f"  {sc.name} round {r + 1}: {fmt_round(sc.rounds[-1])}", flush=True)
+    return sc
+
+
+class PgDatabase:
+    """A fresh PostgreSQL database for one scenario, dropped afterwards."""
+
+    def __init__(self, admin_url: str) -> None:
+        self.admin_url = admin_url
+        self.name = f"orch_bench_{uuid.uuid4().hex[:12]}"
+        self.url = f"{admin_url.rsplit('/', 1)[0]}/{self.name}"
+
+    async def __aenter__(self) -> str:
+        import asyncpg
+
+        conn = await asyncpg.connect(self.admin_url, timeout=10)
+        try:
+            await conn.execute(f'CREATE DATABASE "{self.name}"')
+        finally:
+            await conn.close()
+        return self.url
+
+    async def __aexit__(self, *exc: object) -> None:
+        import asyncpg
+
+        conn = await asyncpg.connect(self.admin_url, timeout=10)
+        try:
+            await conn.execute(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)')
+        finally:
+            await conn.close()
+
+
+# --------------------------------------------------------------------------------------------
+# Report
+
+
+def fmt_round(r: Round) -> str:
+    p50 = "-" if r.ttft_p50_ms is None else f"{r.ttft_p50_ms:.1f}"
+    p95 = "-" if r.ttft_p95_ms is None else f"{r.ttft_p95_ms:.1f}"
+    srv = "" if r.server_cpu_s is None else f", server cpu {r.server_cpu_s:.2f}s"
+    return (f"{r.delivered_tok_s:,.0f} tok/s, wall {r.wall_s:.2f}s, TTFT p50 {p50} ms "
+            f"p95 {p95} ms, {r.ok_streams} complete streams{srv}, "
+            f"client cpu {r.client_cpu_s:.2f}s")
+
+
+def _num(v: float | None, spec: str) -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def markdown_table(summaries: dict[str, dict[str, Any]], direct_name: str) -> str:
+    direct = summaries.get(direct_name, {}).get("delivered_tok_s")
+    lines = [
+        "| scenario | delivered tok/s | % of direct | TTFT p50 ms | TTFT p95 ms "
+        "| idle TTFT p50 ms | server CPU µs/token | client CPU µs/token | complete |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|:---:|",
+    ]
+    for name, s in summaries.items():
+        pct = (None if not direct or s["delivered_tok_s"] is None
+               else 100 * s["delivered_tok_s"] / direct)
+        lines.append(
+            f"| {name} | {_num(s['delivered_tok_s'], ',.0f')} | {_num(pct, '.1f')} "
+            f"| {_num(s['ttft_p50_ms'], '.2f')} | {_num(s['ttft_p95_ms'], '.2f')} "
+            f"| {_num(s['idle_ttft_p50_ms'], '.2f')} "
+            f"| {_num(s['server_cpu_us_per_token'], '.1f')} "
+            f"| {_num(s['client_cpu_us_per_token'], '.1f')} "
+            f"| {'yes' if s['all_streams_complete'] else 'NO'} |"
+        )
+    return "\n".join(lines)
+
+
+def comparisons(summaries: dict[str, dict[str, Any]], bare_name: str,
+                orch_names: list[str]) -> list[dict[str, Any]]:
+    bare = summaries.get(bare_name)
+    out = []
+    for name in orch_names:
+        orch = summaries.get(name)
+        if not bare or not orch or bare["delivered_tok_s"] in (None, 0) \
+                or orch["delivered_tok_s"] is None:
+            continue
+        ratio = orch["delivered_tok_s"] / bare["delivered_tok_s"]
+        added = (None if orch["ttft_p50_ms"] is None or bare["ttft_p50_ms"] is None
+                 else orch["ttft_p50_ms"] - bare["ttft_p50_ms"])
+        idle_added = (None if orch["idle_ttft_p50_ms"] is None
+                      or bare["idle_ttft_p50_ms"] is None
+                      else orch["idle_ttft_p50_ms"] - bare["idle_ttft_p50_ms"])
+        out.append({
+            "scenario": name,
+            "baseline": bare_name,
+            "delivered_ratio": ratio,
+            "delivered_ratio_target": TARGET_RATIO,
+            "delivered_ratio_met": ratio >= TARGET_RATIO,
+            "added_ttft_p50_ms": added,
+            "added_ttft_p50_target_ms": TARGET_ADDED_TTFT_MS,
+            "added_ttft_p50_met": added is not None and added < TARGET_ADDED_TTFT_MS,
+            "idle_added_ttft_p50_ms": idle_added,
+        })
+    return out
+
+
+def machine_info() -> dict[str, Any]:
+    cpu = ""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    mem = ""
+    with contextlib.suppress(OSError):
+        mem = Path("/proc/meminfo").read_text().splitlines()[0].split(":", 1)[1].strip()
+    return {
+        "cpus": os.cpu_count(),
+        "cpus_usable": len(os.sched_getaffinity(0)),
+        "cpu_model": cpu,
+        "memory": mem,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+    }
+
+
+def versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for pkg in ("uvicorn", "starlette", "sse-starlette", "fastapi", "httpx", "sqlalchemy",
+                "aiosqlite", "asyncpg", "orjson", "uvloop", "httptools"):
+        try:
+            out[pkg] = version(pkg)
+        except PackageNotFoundError:
+            out[pkg] = "not installed"
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+
+
+async def main_async(args: argparse.Namespace) -> dict[str, Any]:
+    workdir = Path(tempfile.mkdtemp(prefix="relay-bench-"))
+    scenarios: list[Scenario] = []
+    try:
+        print(f"direct: {args.streams} streams x {args.tokens} tokens", flush=True)
+        scenarios.append(await bench_direct(args))
+        print("bare relay", flush=True)
+        scenarios.append(await bench_bare(args, 16, workdir))
+        if args.per_frame:
+            scenarios.append(await bench_bare(args, 1, workdir))
+        print("orchestratord (SQLite)", flush=True)
+        db_path = workdir / "orchestratord.db"
+        scenarios.append(await bench_orchestratord(args, "orchestratord (SQLite)",
+                                                   f"sqlite:///{db_path}", workdir))
+        if args.pg:
+            print("orchestratord (PostgreSQL)", flush=True)
+            try:
+                async with PgDatabase(args.pg_admin_url) as url:
+                    scenarios.append(await bench_orchestratord(
+                        args, "orchestratord (PostgreSQL)", url, workdir))
+            except Exception as exc:
+                sc = Scenario(name="orchestratord (PostgreSQL)", kind="orchestratord")
+                sc.errors.append(f"{type(exc).__name__}: {exc}")
+                scenarios.append(sc)
+                print(f"  PostgreSQL scenario failed: {exc}", flush=True)
+    finally:
+        if args.keep_logs:
+            print(f"server logs kept in {workdir}")
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+    summaries = {sc.name: sc.summary(args.streams) for sc in scenarios}
+    orch_names = [sc.name for sc in scenarios if sc.kind == "orchestratord"]
+    comps = comparisons(summaries, "bare relay (flush16)", orch_names)
+    return {
+        "benchmark": "relay",
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "command": " ".join([".venv/bin/python", "bench/relay.py", *sys.argv[1:]]),
+        "config": {k: (str(v) if isinstance(v, Path) else v)
+                   for k, v in vars(args).items() if k != "pg_admin_url"},
+        "machine": machine_info(),
+        "versions": versions(),
+        "targets": {"delivered_ratio_min": TARGET_RATIO,
+                    "added_ttft_p50_ms_max": TARGET_ADDED_TTFT_MS},
+        "summary": summaries,
+        "comparisons": comps,
+        "scenarios": [
+            {"name": sc.name, "kind": sc.kind, "errors": sc.errors,
+             "idle_ttft_ms": sc.idle_ttft_ms, "rounds": [asdict(r) for r in sc.rounds]}
+            for sc in scenarios
+        ],
+    }
+
+
+def print_report(result: dict[str, Any]) -> None:
+    cfg = result["config"]
+    print()
+    print(f"### relay: {cfg['streams']} streams x {cfg['tokens']} tokens, "
+          f"median of {cfg['repeat']} rounds ({result['machine']['cpus_usable']} CPUs)")
+    print()
+    print(markdown_table(result["summary"], "direct (in-process sim)"))
+    print()
+    for c in result["comparisons"]:
+        added = c["added_ttft_p50_ms"]
+        idle = c["idle_added_ttft_p50_ms"]
+        print(f"- {c['scenario']} / {c['baseline']}: delivered ratio {c['delivered_ratio']:.3f} "
+              f"(target >= {c['delivered_ratio_target']}: "
+              f"{'met' if c['delivered_ratio_met'] else 'MISSED'}); added TTFT p50 "
+              f"{_num(added, '.2f')} ms (target < {c['added_ttft_p50_target_ms']} ms: "
+              f"{'met' if c['added_ttft_p50_met'] else 'MISSED'}); idle added TTFT p50 "
+              f"{_num(idle, '.2f')} ms")
+    for sc in result["scenarios"]:
+        for err in sc["errors"]:
+            print(f"- ERROR in {sc['name']}: {err}")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--streams", type=int, default=50, help="concurrent streams (default 50)")
+    p.add_argument("--tokens", type=int, default=2000, help="tokens per stream (default 2000)")
+    p.add_argument("--repeat", type=int, default=3, help="measured rounds; the median is kept")
+    p.add_argument("--warmup-tokens", type=int, default=200,
+                   help="tokens per stream of the warm-up round (default 200)")
+    p.add_argument("--pg", action="store_true", help="also run orchestratord on PostgreSQL")
+    p.add_argument("--pg-admin-url", default=os.environ.get(
+        "BENCH_PG_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres"),
+        help="database used to CREATE/DROP the scratch database")
+    p.add_argument("--shared-run", action="store_true",
+                   help="all steps of a round in one run (default: one run per stream)")
+    p.add_argument("--no-per-frame", dest="per_frame", action="store_false",
+                   help="skip the bare relay variant that writes every frame alone")
+    p.add_argument("--server-log-level", default="info",
+                   help="log level of both servers (default info, orchestratord's default)")
+    p.add_argument("--round-timeout", type=float, default=300.0,
+                   help="seconds one round may take before it is abandoned")
+    p.add_argument("--keep-logs", action="store_true", help="keep the servers' logs")
+    p.add_argument("--out", type=Path, default=HERE / "results" / "relay.json")
+    args = p.parse_args(argv)
+    if args.streams < 1 or args.tokens < 1 or args.repeat < 1 or args.warmup_tokens < 1:
+        p.error("--streams, --tokens, --repeat and --warmup-tokens must be >= 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    result = asyncio.run(main_async(args))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print_report(result)
+    print(f"\nresults written to {args.out}")
+    ok = all(s["all_streams_complete"] for s in result["summary"].values())
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

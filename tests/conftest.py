@@ -1,0 +1,116 @@
+"""Fixtures: a database per backend, a started Orchestrator, clients in-process and over TCP."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import sqlalchemy as sa
+import uvicorn
+
+from orchestratord.api.app import create_app
+from orchestratord.db.engine import Database
+from orchestratord.db.migrate import upgrade
+from orchestratord.runtime import Orchestrator
+from orchestratord.settings import Settings
+from tests.pg import create_database, drop_database, require_postgres
+
+BACKENDS = ["sqlite", "postgresql"]
+TABLES = ["events", "facts", "checkpoints", "steps", "runs", "flows"]
+
+
+@pytest.fixture(scope="session")
+def pg_url() -> Iterator[str]:
+    require_postgres()
+    url = create_database()
+
+    async def migrate() -> None:
+        db = Database(url)
+        await upgrade(db)
+        await db.dispose()
+
+    asyncio.run(migrate())
+    yield url
+    drop_database(url)
+
+
+@pytest.fixture(params=BACKENDS)
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'orch.db'}"
+        return
+    url: str = request.getfixturevalue("pg_url")
+    yield url
+
+    async def truncate() -> None:
+        db = Database(url)
+        async with db.engine.begin() as conn:
+            await conn.execute(sa.text(f"TRUNCATE {', '.join(TABLES)} RESTART IDENTITY CASCADE"))
+        await db.dispose()
+
+    asyncio.run(truncate())
+
+
+def make_settings(db_url: str, **overrides: Any) -> Settings:
+    sim = {"tokens_per_s": 0.0, "eos_probability": 0.0, "slots": 8}
+    sim.update(overrides.pop("sim", {}))
+    stream = {"poll_s": 0.2, "keepalive_s": 15.0}
+    stream.update(overrides.pop("stream", {}))
+    dispatch = {"poll_s": 0.1}
+    dispatch.update(overrides.pop("dispatch", {}))
+    return Settings(database_url=db_url, sim=sim, stream=stream, dispatch=dispatch, **overrides)
+
+
+@pytest.fixture
+def settings(db_url: str) -> Settings:
+    return make_settings(db_url)
+
+
+@pytest.fixture
+async def orch(settings: Settings) -> AsyncIterator[Orchestrator]:
+    orch = Orchestrator(settings)
+    await orch.start()
+    try:
+        yield orch
+    finally:
+        await orch.stop()
+
+
+@pytest.fixture
+async def client(orch: Orchestrator) -> AsyncIterator[httpx.AsyncClient]:
+    """In-process client (ASGI); responses are buffered, so use ``live`` to follow streams."""
+    app = create_app(orchestrator=orch)
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://test") as c:
+        yield c
+
+
+class _InLoopServer(uvicorn.Server):
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:  # the test runner owns the signals
+        yield
+
+
+@pytest.fixture
+async def live(orch: Orchestrator) -> AsyncIterator[httpx.AsyncClient]:
+    """A real HTTP server on a loopback port, in this event loop, and a client for it."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    config = uvicorn.Config(create_app(orchestrator=orch), log_level="warning", lifespan="off")
+    server = _InLoopServer(config)
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    while not server.started:
+        await asyncio.sleep(0.01)
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as c:
+        yield c
+    server.should_exit = True
+    await task
+    sock.close()

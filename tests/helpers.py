@@ -1,0 +1,88 @@
+"""Small clients of the API used across tests."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import orjson
+
+
+async def make_flow(client: httpx.AsyncClient, ast: Any = None, **extra: Any) -> str:
+    r = await client.post("/v1/flows", json={"ast": ast if ast is not None else {"v": 1}, **extra})
+    assert r.status_code in (200, 201), r.text
+    flow_id: str = r.json()["flow_id"]
+    return flow_id
+
+
+async def make_run(client: httpx.AsyncClient, flow_id: str | None = None, **body: Any) -> str:
+    if flow_id is None:
+        flow_id = await make_flow(client)
+    body.setdefault("seed", 42)
+    r = await client.post(f"/v1/flows/{flow_id}/runs", json=body)
+    assert r.status_code == 201, r.text
+    run_id: str = r.json()["run_id"]
+    return run_id
+
+
+async def submit(
+    client: httpx.AsyncClient, run_id: str, token: str = "t1", prompt: str = "hello",
+    **params: Any,
+) -> httpx.Response:
+    params.setdefault("max_tokens", 16)
+    return await client.post(
+        f"/v1/runs/{run_id}/steps",
+        json={"type": "llm_call", "client_token": token,
+              "input": {"prompt": prompt, "params": params}},
+    )
+
+
+@dataclass
+class SseEvent:
+    id: str | None
+    event: str | None
+    data: dict[str, Any] | None
+
+
+def parse_sse(text: str) -> tuple[list[SseEvent], list[str]]:
+    """(events, comment lines) of an SSE body."""
+    events: list[SseEvent] = []
+    comments: list[str] = []
+    for block in text.replace("\r\n", "\n").split("\n\n"):
+        if not block.strip():
+            continue
+        fields: dict[str, str] = {}
+        for line in block.split("\n"):
+            if line.startswith(":"):
+                comments.append(line[1:].strip())
+                continue
+            key, _, value = line.partition(":")
+            fields[key] = value[1:] if value.startswith(" ") else value
+        if "event" in fields or "data" in fields:
+            events.append(
+                SseEvent(
+                    fields.get("id"), fields.get("event"),
+                    orjson.loads(fields["data"]) if "data" in fields else None,
+                )
+            )
+    return events, comments
+
+
+async def read_stream(
+    client: httpx.AsyncClient, path: str, headers: dict[str, str] | None = None
+) -> list[SseEvent]:
+    r = await client.get(path, headers=headers or {})
+    assert r.status_code == 200, r.text
+    return parse_sse(r.text)[0]
+
+
+async def wait_status(client: httpx.AsyncClient, step_id: str, *wanted: str) -> dict[str, Any]:
+    import asyncio
+
+    for _ in range(500):
+        body: dict[str, Any] = (await client.get(f"/v1/steps/{step_id}")).json()
+        if body["status"] in wanted:
+            return body
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"step {step_id} never reached {wanted}: {body['status']}")

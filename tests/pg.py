@@ -1,0 +1,72 @@
+"""The PostgreSQL server of the test machine: found, or skipped with a reason (failed in CI)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+
+import asyncpg
+import pytest
+
+PG_ADMIN_URL = os.environ.get(
+    "ORCHESTRATORD_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test"
+)
+
+
+def _dsn(url: str) -> str:
+    return url.replace("postgresql+asyncpg://", "postgresql://")
+
+
+async def _probe() -> str | None:
+    try:
+        conn = await asyncpg.connect(_dsn(PG_ADMIN_URL), timeout=3)
+    except (OSError, asyncpg.PostgresError, TimeoutError) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    await conn.close()
+    return None
+
+
+_reason: list[str | None] = []
+
+
+def require_postgres() -> None:
+    """Skip (or, with CI=true, fail) when PostgreSQL cannot be reached."""
+    if not _reason:
+        _reason.append(asyncio.run(_probe()))
+    problem = _reason[0]
+    if problem is None:
+        return
+    message = f"PostgreSQL not reachable at {PG_ADMIN_URL} ({problem})"
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"{message}; CI=true requires it", pytrace=False)
+    pytest.skip(message)
+
+
+def create_database() -> str:
+    """A fresh, empty database; returns its URL."""
+    name = f"orch_test_{uuid.uuid4().hex[:12]}"
+
+    async def go() -> None:
+        conn = await asyncpg.connect(_dsn(PG_ADMIN_URL))
+        try:
+            await conn.execute(f'CREATE DATABASE "{name}"')
+        finally:
+            await conn.close()
+
+    asyncio.run(go())
+    base = PG_ADMIN_URL.rsplit("/", 1)[0]
+    return f"{base}/{name}"
+
+
+def drop_database(url: str) -> None:
+    name = url.rsplit("/", 1)[1]
+
+    async def go() -> None:
+        conn = await asyncpg.connect(_dsn(PG_ADMIN_URL))
+        try:
+            await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        finally:
+            await conn.close()
+
+    asyncio.run(go())

@@ -1,0 +1,208 @@
+from __future__ import annotations
+
+import asyncio
+import re
+
+import httpx
+import pytest
+import sqlalchemy as sa
+
+from orchestratord.db.models import Event, Step
+from orchestratord.runtime import Orchestrator
+from tests.helpers import make_flow, make_run, read_stream, submit, wait_status
+
+HASH = re.compile(r"^sha256:[0-9a-f]{64}$")
+
+
+async def test_step_record_has_output_usage_and_provenance(client: httpx.AsyncClient) -> None:
+    run_id = await make_run(client, seed=5)
+    step_id = (await submit(client, run_id, max_tokens=12)).json()["step_id"]
+    step = await wait_status(client, step_id, "succeeded")
+    assert step["position"] == 0
+    assert step["usage"]["tokens_out"] == 12
+    assert step["output"]["stop_reason"] == "length"
+    assert len(step["output"]["token_ids"]) == 12
+    prov = step["provenance"]
+    assert set(prov) == {
+        "seed", "prompt_hash", "params_hash", "engine", "engine_version", "model_hash",
+        "pool_id", "replica_id", "tokens_in", "tokens_out", "cost_usd", "decode_time_ms",
+    }
+    assert prov["seed"] == 5
+    assert HASH.match(prov["prompt_hash"]) and HASH.match(prov["params_hash"])
+    assert HASH.match(prov["model_hash"])
+    assert prov["engine"] == "sim" and prov["engine_version"]
+    assert (prov["pool_id"], prov["replica_id"]) == ("local", "r0")
+    assert prov["tokens_out"] == 12 and prov["tokens_in"] >= 1
+    assert prov["cost_usd"] == 0.0
+    assert prov["decode_time_ms"] >= 0
+    events = await read_stream(client, f"/v1/steps/{step_id}/stream")
+    assert events[-1].data is not None
+    assert events[-1].data["provenance"] == prov
+    text = "".join(e.data["t"] for e in events if e.event == "token" and e.data)
+    assert text == step["output"]["text"]
+    run = (await client.get(f"/v1/runs/{run_id}")).json()
+    assert run["usage"]["tokens_out"] == 12
+    assert run["step_count"] == 1
+
+
+async def test_same_inputs_same_tokens(client: httpx.AsyncClient) -> None:
+    flow_id = await make_flow(client)
+    outs = []
+    for _ in range(2):
+        run_id = await make_run(client, flow_id, seed=77)
+        step_id = (await submit(client, run_id, prompt="same")).json()["step_id"]
+        outs.append((await wait_status(client, step_id, "succeeded"))["output"])
+    assert outs[0] == outs[1]
+
+
+async def test_messages_input(client: httpx.AsyncClient) -> None:
+    run_id = await make_run(client)
+    r = await client.post(
+        f"/v1/runs/{run_id}/steps",
+        json={"type": "llm_call", "client_token": "m",
+              "input": {"messages": [{"role": "user", "content": "hi"}],
+                        "params": {"max_tokens": 4, "stop": ["zzz"]}}},
+    )
+    assert r.status_code == 202, r.text
+    step = await wait_status(client, r.json()["step_id"], "succeeded")
+    assert step["input"]["messages"] == [{"role": "user", "content": "hi"}]
+
+
+async def test_repeat_returns_first_step(client: httpx.AsyncClient, orch: Orchestrator) -> None:
+    run_id = await make_run(client)
+    first = await submit(client, run_id, token="k")
+    again = await submit(client, run_id, token="k")
+    assert first.status_code == 202 and again.status_code == 200
+    assert first.json()["step_id"] == again.json()["step_id"]
+    await wait_status(client, first.json()["step_id"], "succeeded")
+    third = await submit(client, run_id, token="k")
+    assert third.json() == {"step_id": first.json()["step_id"], "status": "succeeded"}
+
+
+async def test_sixteen_concurrent_repeats_run_once(
+    client: httpx.AsyncClient, orch: Orchestrator
+) -> None:
+    run_id = await make_run(client)
+    responses = await asyncio.gather(*(submit(client, run_id, token="burst") for _ in range(16)))
+    ids = {r.json()["step_id"] for r in responses}
+    assert len(ids) == 1
+    assert sorted(r.status_code for r in responses) == [200] * 15 + [202]
+    (step_id,) = ids
+    await wait_status(client, step_id, "succeeded")
+    async with orch.db.read() as s:
+        n_steps = (await s.execute(sa.select(sa.func.count()).select_from(Step)
+                                   .where(Step.run_id == run_id))).scalar_one()
+        n_started = (await s.execute(sa.select(sa.func.count()).select_from(Event)
+                                     .where(Event.step_id == step_id,
+                                            Event.type == "started"))).scalar_one()
+    assert n_steps == 1
+    assert n_started == 1
+
+
+async def test_token_reused_for_other_request_conflicts(client: httpx.AsyncClient) -> None:
+    run_id = await make_run(client)
+    await submit(client, run_id, token="k", prompt="a")
+    r = await submit(client, run_id, token="k", prompt="b")
+    assert r.status_code == 409
+    assert r.json()["code"] == "CONFLICT"
+    assert r.json()["details"]["client_token"] == "k"
+
+
+async def test_token_is_scoped_to_its_run(client: httpx.AsyncClient) -> None:
+    flow_id = await make_flow(client)
+    a = await make_run(client, flow_id)
+    b = await make_run(client, flow_id)
+    sa_ = (await submit(client, a, token="k")).json()["step_id"]
+    sb = (await submit(client, b, token="k")).json()["step_id"]
+    assert sa_ != sb
+
+
+@pytest.mark.parametrize(
+    ("step_input", "field"),
+    [
+        ({"prompt": 3}, "input.prompt"),
+        ({}, "input"),
+        ({"prompt": "a", "messages": [{"role": "user", "content": "b"}]}, "input"),
+        ({"prompt": "a", "params": {"max_tokens": 0}}, "input.params.max_tokens"),
+        ({"prompt": "a", "params": {"temperature": 9}}, "input.params.temperature"),
+        ({"prompt": "a", "params": {"top_p": 0}}, "input.params.top_p"),
+        ({"prompt": "a", "params": {"bogus": 1}}, "input.params.bogus"),
+        ({"messages": [{"role": "robot", "content": "x"}]}, "input.messages.0.role"),
+    ],
+)
+async def test_bad_llm_input_names_field(
+    client: httpx.AsyncClient, step_input: dict[str, object], field: str
+) -> None:
+    run_id = await make_run(client)
+    r = await client.post(f"/v1/runs/{run_id}/steps",
+                          json={"type": "llm_call", "client_token": "x", "input": step_input})
+    assert r.status_code == 422, r.text
+    body = r.json()
+    assert body["code"] == "INVALID_PARAMS"
+    assert field in [e["field"] for e in body["details"]["errors"]]
+    run = (await client.get(f"/v1/runs/{run_id}")).json()
+    assert run["step_count"] == 0  # nothing stored for refused input
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"type": "llm_chat", "client_token": "x"}, "type"),
+        ({"type": "llm_call"}, "client_token"),
+        ({"type": "llm_call", "client_token": ""}, "client_token"),
+        ({"type": "llm_call", "client_token": "x", "placement": {"pin": 3}}, "placement"),
+    ],
+)
+async def test_bad_step_body_names_field(
+    client: httpx.AsyncClient, body: dict[str, object], field: str
+) -> None:
+    run_id = await make_run(client)
+    r = await client.post(f"/v1/runs/{run_id}/steps", json={"input": {"prompt": "a"}, **body})
+    assert r.status_code == 422
+    assert any(e["field"].startswith(field) for e in r.json()["details"]["errors"]), r.json()
+
+
+@pytest.mark.parametrize("step_type", ["llm_plan", "tool_call", "fs_op", "gate_eval", "checkpoint"])
+async def test_other_step_types_answer_a_clear_error(
+    client: httpx.AsyncClient, step_type: str
+) -> None:
+    run_id = await make_run(client)
+    r = await client.post(f"/v1/runs/{run_id}/steps",
+                          json={"type": step_type, "client_token": "x", "input": {}})
+    assert r.status_code == 501
+    body = r.json()
+    assert body["code"] == "UNSUPPORTED"
+    assert body["details"]["field"] == "type"
+    assert step_type in body["message"]
+
+
+async def test_replay_modes_answer_a_clear_error(client: httpx.AsyncClient) -> None:
+    flow_id = await make_flow(client)
+    source = await make_run(client, flow_id)
+    r = await client.post(f"/v1/flows/{flow_id}/runs",
+                          json={"mode": "replay", "source_run_id": source})
+    assert r.status_code == 501
+    assert r.json()["details"]["field"] == "mode"
+
+
+async def test_placement_on_step(client: httpx.AsyncClient) -> None:
+    run_id = await make_run(client)
+    r = await client.post(f"/v1/runs/{run_id}/steps",
+                          json={"type": "llm_call", "client_token": "p", "input": {"prompt": "a"},
+                                "placement": {"pin": "elsewhere"}})
+    assert r.status_code == 422
+    assert r.json()["details"]["errors"][0]["field"] == "placement.pin"
+    r = await client.post(f"/v1/runs/{run_id}/steps",
+                          json={"type": "llm_call", "client_token": "q", "input": {"prompt": "a"},
+                                "placement": {"affinity": {"location": "local"}}})
+    assert r.status_code == 202
+    step = await wait_status(client, r.json()["step_id"], "succeeded")
+    assert step["pool_id"] == "local"
+
+
+async def test_unknown_step_and_run(client: httpx.AsyncClient) -> None:
+    assert (await client.get("/v1/steps/step_x")).status_code == 404
+    assert (await client.get("/v1/steps/step_x/stream")).status_code == 404
+    assert (await client.post("/v1/steps/step_x/cancel")).status_code == 404
+    r = await submit(client, "run_missing")
+    assert r.status_code == 404

@@ -1,0 +1,225 @@
+"""SSE over a real socket: order, resume, headers, keep-alive, slow readers, disconnects."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+
+from orchestratord.runtime import Orchestrator
+from orchestratord.settings import Settings
+from tests.conftest import make_settings
+from tests.helpers import SseEvent, make_run, parse_sse, read_stream, submit, wait_status
+
+BODY = {"token", "tool_suggest", "fact", "metrics", "narration"}
+
+
+def assert_grammar(events: list[SseEvent]) -> None:
+    types = [e.event for e in events]
+    assert types[0] == "started"
+    assert types[-1] in ("end", "error")
+    assert all(t in BODY for t in types[1:-1]), types
+    for i, e in enumerate(events):
+        assert e.id == str(i)
+        assert e.data is not None
+        assert e.data["seq"] == i and e.data["type"] == e.event and e.data["step_id"]
+
+
+async def test_live_stream_order_and_headers(live: httpx.AsyncClient) -> None:
+    run_id = await make_run(live)
+    step_id = (await submit(live, run_id, max_tokens=64)).json()["step_id"]
+    async with live.stream("GET", f"/v1/steps/{step_id}/stream",
+                           headers={"X-Correlation-Id": "abc-1"}) as r:
+        assert r.status_code == 200
+        assert r.headers["content-type"].startswith("text/event-stream")
+        assert r.headers["cache-control"] == "no-cache"
+        assert r.headers["x-accel-buffering"] == "no"
+        assert r.headers["x-correlation-id"] == "abc-1"
+        text = "".join([chunk async for chunk in r.aiter_text()])
+    events, _ = parse_sse(text)
+    assert_grammar(events)
+    tokens = [e.data for e in events if e.event == "token" and e.data]
+    assert [t["i"] for t in tokens] == list(range(64))
+    assert events[-1].data and events[-1].data["tokens_out"] == 64
+
+
+@pytest.mark.parametrize("last_id", [0, 5, 30, 65])
+async def test_last_event_id_resumes_exactly(live: httpx.AsyncClient, last_id: int) -> None:
+    run_id = await make_run(live)
+    step_id = (await submit(live, run_id, max_tokens=64)).json()["step_id"]
+    full = await read_stream(live, f"/v1/steps/{step_id}/stream")
+    resumed = await read_stream(live, f"/v1/steps/{step_id}/stream",
+                                headers={"Last-Event-ID": str(last_id)})
+    assert [e.id for e in resumed] == [e.id for e in full[last_id + 1:]]
+    assert [e.data for e in resumed] == [e.data for e in full[last_id + 1:]]
+
+
+async def test_bad_last_event_id(live: httpx.AsyncClient) -> None:
+    run_id = await make_run(live)
+    step_id = (await submit(live, run_id)).json()["step_id"]
+    r = await live.get(f"/v1/steps/{step_id}/stream", headers={"Last-Event-ID": "abc"})
+    assert r.status_code == 422
+    assert r.json()["details"]["errors"][0]["field"] == "header.Last-Event-ID"
+
+
+async def test_resume_mid_flight_has_no_gap_or_duplicate(db_url: str) -> None:
+    """Disconnect while the step is still producing, reconnect with Last-Event-ID."""
+    from tests.conftest import _InLoopServer  # noqa: F401  (same server as the live fixture)
+
+    settings = make_settings(db_url, sim={"tokens_per_s": 400.0})
+    async with _serve(settings) as client:
+        run_id = await make_run(client)
+        step_id = (await submit(client, run_id, max_tokens=120)).json()["step_id"]
+        seen: list[SseEvent] = []
+        async with client.stream("GET", f"/v1/steps/{step_id}/stream") as r:
+            buf = ""
+            async for chunk in r.aiter_text():
+                buf += chunk
+                if buf.count("event: token") >= 10:
+                    break
+        events, _ = parse_sse(buf.rsplit("\n\n", 1)[0] + "\n\n")
+        seen.extend(events)
+        rest = await read_stream(client, f"/v1/steps/{step_id}/stream",
+                                 headers={"Last-Event-ID": seen[-1].id or ""})
+        merged = seen + rest
+        assert_grammar(merged)
+        assert merged[-1].data and merged[-1].data["tokens_out"] == 120
+
+
+async def test_keepalive_comment(db_url: str) -> None:
+    settings = make_settings(db_url, sim={"tokens_per_s": 2.0}, stream={"keepalive_s": 0.2})
+    async with _serve(settings) as client:
+        run_id = await make_run(client)
+        step_id = (await submit(client, run_id, max_tokens=3)).json()["step_id"]
+        r = await client.get(f"/v1/steps/{step_id}/stream")
+    events, comments = parse_sse(r.text)
+    assert "keep-alive" in comments
+    assert_grammar(events)
+
+
+async def test_slow_reader_loses_nothing(db_url: str) -> None:
+    """A reader that falls behind the in-memory tail reads the rest from the log."""
+    settings = make_settings(db_url, stream={"buffer_events": 16, "read_batch": 7})
+    async with _serve(settings) as client:
+        run_id = await make_run(client)
+        step_id = (await submit(client, run_id, max_tokens=400)).json()["step_id"]
+        events: list[SseEvent] = []
+        async with client.stream("GET", f"/v1/steps/{step_id}/stream") as r:
+            buf = ""
+            async for chunk in r.aiter_text():
+                buf += chunk
+                await asyncio.sleep(0.001)  # slower than the engine
+        events, _ = parse_sse(buf)
+    assert_grammar(events)
+    assert sum(1 for e in events if e.event == "token") == 400
+
+
+async def test_disconnect_releases_the_follower(live: httpx.AsyncClient, orch: Orchestrator) -> None:
+    orch.pools.pools["local"].replicas[0].adapter.tokens_per_s = 50.0  # type: ignore[attr-defined]
+    run_id = await make_run(live)
+    step_id = (await submit(live, run_id, max_tokens=200)).json()["step_id"]
+    async with live.stream("GET", f"/v1/steps/{step_id}/stream") as r:
+        async for _chunk in r.aiter_bytes():
+            break
+    for _ in range(100):
+        if orch.hub.followers(step_id) == 0:
+            break
+        await asyncio.sleep(0.02)
+    assert orch.hub.followers(step_id) == 0
+    # the default does not cancel on disconnect: the step still runs to its end
+    step = (await live.get(f"/v1/steps/{step_id}")).json()
+    assert step["status"] == "running"
+    await live.post(f"/v1/steps/{step_id}/cancel")
+
+
+async def test_cancel_on_disconnect(live: httpx.AsyncClient, orch: Orchestrator) -> None:
+    orch.pools.pools["local"].replicas[0].adapter.tokens_per_s = 50.0  # type: ignore[attr-defined]
+    run_id = await make_run(live, cancel_on_disconnect=True)
+    step_id = (await submit(live, run_id, max_tokens=500)).json()["step_id"]
+    async with live.stream("GET", f"/v1/steps/{step_id}/stream") as r:
+        async for chunk in r.aiter_text():
+            if "event: token" in chunk:
+                break
+    step = await wait_status(live, step_id, "cancelled")
+    assert step["output"]["stop_reason"] == "cancelled"
+    events = await read_stream(live, f"/v1/steps/{step_id}/stream")
+    assert_grammar(events)
+    assert events[-1].data and events[-1].data["stop_reason"] == "cancelled"
+
+
+async def test_many_followers_of_one_step(live: httpx.AsyncClient) -> None:
+    run_id = await make_run(live)
+    step_id = (await submit(live, run_id, max_tokens=100)).json()["step_id"]
+    streams = await asyncio.gather(
+        *(read_stream(live, f"/v1/steps/{step_id}/stream") for _ in range(10))
+    )
+    first = [(e.id, e.data) for e in streams[0]]
+    assert all([(e.id, e.data) for e in s] == first for s in streams)
+
+
+async def test_run_stream_carries_steps_and_facts(live: httpx.AsyncClient) -> None:
+    run_id = await make_run(live)
+    a = (await submit(live, run_id, token="a", max_tokens=5)).json()["step_id"]
+    await wait_status(live, a, "succeeded")
+    await live.post(f"/v1/runs/{run_id}/facts", json={"type": "note", "data": {"x": 1}})
+    b = (await submit(live, run_id, token="b", max_tokens=5)).json()["step_id"]
+    await wait_status(live, b, "succeeded")
+    expected = 7 + 1 + 7
+    got: list[SseEvent] = []
+    async with live.stream("GET", f"/v1/runs/{run_id}/stream") as r:
+        buf = ""
+        async for chunk in r.aiter_text():
+            buf += chunk
+            got, _ = parse_sse(buf)
+            if len(got) >= expected:
+                break
+    assert [e.id for e in got] == [str(i) for i in range(expected)]
+    assert [e.event for e in got][7] == "fact"
+    assert got[7].data and got[7].data["data"] == {"x": 1}
+    assert {e.data["step_id"] for e in got if e.data and e.event != "fact"} == {a, b}
+    # resume the run stream after cursor 7
+    async with live.stream("GET", f"/v1/runs/{run_id}/stream",
+                           headers={"Last-Event-ID": "7"}) as r:
+        buf = ""
+        async for chunk in r.aiter_text():
+            buf += chunk
+            tail, _ = parse_sse(buf)
+            if len(tail) >= 7:
+                break
+    assert [e.id for e in tail] == [str(i) for i in range(8, 15)]
+
+
+class _serve:
+    """A started Orchestrator with its own settings behind a loopback server."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+
+    async def __aenter__(self) -> httpx.AsyncClient:
+        import socket
+
+        import uvicorn
+
+        from orchestratord.api.app import create_app
+        from tests.conftest import _InLoopServer
+
+        self.orch = Orchestrator(self.settings)
+        await self.orch.start()
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        app = create_app(orchestrator=self.orch)
+        self.server = _InLoopServer(uvicorn.Config(app, log_level="warning", lifespan="off"))
+        self.task = asyncio.create_task(self.server.serve(sockets=[self.sock]))
+        while not self.server.started:
+            await asyncio.sleep(0.01)
+        port = self.sock.getsockname()[1]
+        self.client = httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30)
+        return self.client
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.client.aclose()
+        self.server.should_exit = True
+        await self.task
+        await self.orch.stop()
+        self.sock.close()
