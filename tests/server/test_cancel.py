@@ -1,0 +1,113 @@
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+
+from orchestratord.runtime import Orchestrator
+from tests.helpers import make_run, parse_sse, read_stream, submit, wait_status
+from worker_adapters.sim import SimAdapter
+
+
+def _slow(orch: Orchestrator, rate: float = 40.0, slots: int | None = None) -> SimAdapter:
+    replica = orch.pools.pools["local"].replicas[0]
+    adapter = replica.adapter
+    assert isinstance(adapter, SimAdapter)
+    adapter.tokens_per_s = rate
+    if slots is not None:
+        replica.slots = slots
+    return adapter
+
+
+async def test_cancel_running_step(live: httpx.AsyncClient, orch: Orchestrator) -> None:
+    adapter = _slow(orch)
+    run_id = await make_run(live)
+    step_id = (await submit(live, run_id, max_tokens=1000)).json()["step_id"]
+    async with live.stream("GET", f"/v1/steps/{step_id}/stream") as r:
+        buf = ""
+        cancelled = False
+        async for chunk in r.aiter_text():
+            buf += chunk
+            if not cancelled and buf.count("event: token") >= 3:
+                resp = await live.post(f"/v1/steps/{step_id}/cancel")
+                assert resp.status_code == 202
+                assert resp.json()["status"] in ("cancelling", "cancelled")
+                cancelled = True
+    events, _ = parse_sse(buf)
+    assert events[-1].event == "end"
+    assert events[-1].data and events[-1].data["stop_reason"] == "cancelled"
+    assert all(e.event != "token" for e in events[events.index(events[-1]):][1:])
+    step = await wait_status(live, step_id, "cancelled")
+    n_tokens = sum(1 for e in events if e.event == "token")
+    assert step["usage"]["tokens_out"] == n_tokens < 1000
+    assert step_id not in adapter.active_requests  # the engine request was aborted
+    # cancelling again reports the terminal status
+    again = await live.post(f"/v1/steps/{step_id}/cancel")
+    assert again.json()["status"] == "cancelled"
+
+
+async def test_cancel_before_start(live: httpx.AsyncClient, orch: Orchestrator) -> None:
+    _slow(orch, rate=20.0, slots=1)
+    run_id = await make_run(live)
+    busy = (await submit(live, run_id, token="busy", max_tokens=1000)).json()["step_id"]
+    queued = (await submit(live, run_id, token="queued", max_tokens=10)).json()["step_id"]
+    assert (await live.get(f"/v1/steps/{queued}")).json()["status"] == "queued"
+    r = await live.post(f"/v1/steps/{queued}/cancel")
+    assert r.status_code == 202
+    assert r.json()["status"] == "cancelled"
+    events = await read_stream(live, f"/v1/steps/{queued}/stream")
+    assert [e.event for e in events] == ["started", "end"]
+    assert events[1].data and events[1].data["stop_reason"] == "cancelled"
+    await live.post(f"/v1/steps/{busy}/cancel")
+    await wait_status(live, busy, "cancelled")
+    # the cancelled queued step never ran
+    step = (await live.get(f"/v1/steps/{queued}")).json()
+    assert step["started_at"] is None and step["usage"]["tokens_out"] == 0
+
+
+async def test_cancel_run(live: httpx.AsyncClient, orch: Orchestrator) -> None:
+    _slow(orch, rate=20.0, slots=2)
+    run_id = await make_run(live)
+    ids = [(await submit(live, run_id, token=f"s{i}", max_tokens=1000)).json()["step_id"]
+           for i in range(4)]
+    for sid in ids[:2]:
+        await wait_status(live, sid, "running")
+    r = await live.post(f"/v1/runs/{run_id}/cancel")
+    assert r.status_code == 202
+    assert r.json()["status"] in ("cancelling", "cancelled")
+    for sid in ids:
+        step = await wait_status(live, sid, "cancelled")
+        assert step["status"] == "cancelled"
+    for _ in range(100):
+        run = (await live.get(f"/v1/runs/{run_id}")).json()
+        if run["status"] == "cancelled":
+            break
+        await asyncio.sleep(0.02)
+    assert run["status"] == "cancelled"
+    refused = await submit(live, run_id, token="late")
+    assert refused.status_code == 409
+    assert refused.json()["code"] == "CONFLICT"
+    again = await live.post(f"/v1/runs/{run_id}/cancel")
+    assert again.json()["status"] == "cancelled"
+
+
+async def test_replica_never_exceeds_its_slots(live: httpx.AsyncClient, orch: Orchestrator) -> None:
+    adapter = _slow(orch, rate=200.0, slots=3)
+    run_id = await make_run(live)
+    peak = 0
+
+    async def watch() -> None:
+        nonlocal peak
+        while True:
+            peak = max(peak, len(adapter.active_requests))
+            await asyncio.sleep(0.002)
+
+    watcher = asyncio.create_task(watch())
+    ids = [(await submit(live, run_id, token=f"t{i}", max_tokens=20)).json()["step_id"]
+           for i in range(9)]
+    pools = (await live.get("/v1/pools")).json()
+    assert pools[0]["load"]["slots_busy"] <= 3
+    for sid in ids:
+        await wait_status(live, sid, "succeeded")
+    watcher.cancel()
+    assert 1 <= peak <= 3
