@@ -132,7 +132,7 @@ async def recover_orphans(tx: Tx) -> int:
     session = tx.session
     steps = (
         await session.execute(
-            sa.select(Step).where(Step.status == StepStatus.RUNNING.value).with_for_update()
+            sa.select(Step).where(Step.status == StepStatus.RUNNING.value).with_for_update(key_share=True)
         )
     ).scalars().all()
     for step in steps:

@@ -65,7 +65,7 @@ async def create_run(
 async def get_run(session: AsyncSession, *, run_id: str, lock: bool = False) -> Run:
     stmt = sa.select(Run).where(Run.run_id == run_id)
     if lock:
-        stmt = stmt.with_for_update()
+        stmt = stmt.with_for_update(key_share=True)
     run = (await session.execute(stmt)).scalar_one_or_none()
     if run is None:
         raise NotFound("run", run_id)
@@ -102,7 +102,7 @@ async def cancel_run(tx: Tx, *, run_id: str) -> tuple[str, list[str]]:
                 Step.status.in_([StepStatus.QUEUED.value, StepStatus.RUNNING.value]),
             )
             .order_by(Step.step_id)
-            .with_for_update()
+            .with_for_update(key_share=True)
         )
     ).scalars().all()
     running: list[str] = []

@@ -134,7 +134,7 @@ def _same_request(step: Step, request_hash: str) -> Step:
 async def get_step(session: AsyncSession, *, step_id: str, lock: bool = False) -> Step:
     stmt = sa.select(Step).where(Step.step_id == step_id)
     if lock:
-        stmt = stmt.with_for_update()
+        stmt = stmt.with_for_update(key_share=True)
     step = (await session.execute(stmt)).scalar_one_or_none()
     if step is None:
         raise NotFound("step", step_id)
@@ -236,7 +236,7 @@ async def cancel_requested_among(session: AsyncSession, *, step_ids: list[str]) 
 async def settle_run_after_step(session: AsyncSession, *, run_id: str) -> None:
     """A cancelling run becomes cancelled when its last live step has ended."""
     run = (
-        await session.execute(sa.select(Run).where(Run.run_id == run_id).with_for_update())
+        await session.execute(sa.select(Run).where(Run.run_id == run_id).with_for_update(key_share=True))
     ).scalar_one()
     if run.status != RunStatus.CANCELLING.value:
         return
