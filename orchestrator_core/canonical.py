@@ -18,6 +18,15 @@ import orjson
 from orchestrator_core.errors import InvalidParams
 
 _MAX_EXACT_INT = 2**53
+_MIN_INT, _MAX_INT = -(2**63), 2**64 - 1
+
+
+def _text(value: str, path: str) -> str:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidParams("string is not valid Unicode (lone surrogate)", field=path) from exc
+    return unicodedata.normalize("NFC", value)
 
 
 def normalize(value: Any, path: str = "$") -> Any:
@@ -25,8 +34,10 @@ def normalize(value: Any, path: str = "$") -> Any:
     if value is None or isinstance(value, bool):
         return value
     if isinstance(value, str):
-        return unicodedata.normalize("NFC", value)
+        return _text(value, path)
     if isinstance(value, int):
+        if not _MIN_INT <= value <= _MAX_INT:
+            raise InvalidParams("integer outside the 64-bit range", field=path)
         return value
     if isinstance(value, float):
         if math.isnan(value) or math.isinf(value):
@@ -39,7 +50,7 @@ def normalize(value: Any, path: str = "$") -> Any:
         for key, item in value.items():
             if not isinstance(key, str):
                 raise InvalidParams("object keys must be strings", field=path)
-            nkey = unicodedata.normalize("NFC", key)
+            nkey = _text(key, path)
             if nkey in out:
                 raise InvalidParams(f"key {key!r} is duplicated after NFC normalization", field=path)
             out[nkey] = normalize(item, f"{path}.{nkey}")

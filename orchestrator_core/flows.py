@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import unicodedata
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,7 +39,7 @@ def normalize_flow(
     """
     seen: set[str] = set()
     for i, tool in enumerate(tools):
-        name = tool["name"]
+        name = unicodedata.normalize("NFC", tool["name"])
         if name in seen:
             raise InvalidParams(f"tool name {name!r} is used twice", field=f"tools[{i}].name")
         seen.add(name)

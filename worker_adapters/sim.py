@@ -54,14 +54,14 @@ class SimAdapter(WorkerAdapter):
     ) -> None:
         if tokens_per_s < 0:
             raise ValueError("tokens_per_s must be >= 0 (0 streams as fast as possible)")
-        self.tokens_per_s = tokens_per_s
-        self.eos_probability = eos_probability
+        self.tokens_per_s = float(tokens_per_s)
+        self.eos_probability = float(eos_probability)
         self.model = model
         self.context_size = context_size
         self._cancelled: set[str] = set()
         self._active: set[str] = set()
         identity = {"engine": "sim", "version": SIM_VERSION, "vocab": VOCAB,
-                    "eos_probability": eos_probability, "model": model}
+                    "eos_probability": self.eos_probability, "model": model}
         self.model_hash = "sha256:" + hashlib.sha256(
             json.dumps(identity, sort_keys=True, separators=(",", ":")).encode()
         ).hexdigest()
@@ -75,10 +75,10 @@ class SimAdapter(WorkerAdapter):
             {
                 "prompt": request.prompt,
                 "messages": request.messages,
-                "max_tokens": request.max_tokens,
-                "temperature": request.temperature,
-                "top_p": request.top_p,
-                "top_k": request.top_k,
+                "max_tokens": int(request.max_tokens),
+                "temperature": float(request.temperature),
+                "top_p": float(request.top_p),
+                "top_k": int(request.top_k),
                 "stop": list(request.stop),
                 "seed": request.seed,
                 "model": self.model_hash,
@@ -97,37 +97,53 @@ class SimAdapter(WorkerAdapter):
             interval = 1.0 / self.tokens_per_s if self.tokens_per_s > 0 else 0.0
             loop = asyncio.get_running_loop()
             start = loop.time()
-            text = ""
-            out = 0
+            stops = tuple(st for st in request.stop if st)
+            emitted = ""  # text already yielded
+            held: list[Token] = []  # tokens that may begin a stop string
+            generated = 0
+            sent = 0
             stop_reason = "length"
-            while out < request.max_tokens:
+            while generated < request.max_tokens:
                 if rid in self._cancelled:
                     return
                 if interval:
-                    delay = start + (out + 1) * interval - loop.time()
+                    delay = start + (generated + 1) * interval - loop.time()
                     if delay > 0:
                         await asyncio.sleep(delay)
                     if rid in self._cancelled:
                         return
-                elif out % _FAST_YIELD_EVERY == 0:
+                elif generated % _FAST_YIELD_EVERY == 0:
                     await asyncio.sleep(0)
-                if out > 0 and rng.random() < self.eos_probability:
+                if generated > 0 and rng.random() < self.eos_probability:
                     stop_reason = "eos"
                     break
                 token_id = rng.randrange(len(VOCAB))
-                piece = VOCAB[token_id]
-                hit = _first_stop(text + piece, request.stop, len(text))
+                generated += 1
+                if not stops:
+                    sent += 1
+                    yield Token(text=VOCAB[token_id], token_id=token_id)
+                    continue
+                held.append(Token(text=VOCAB[token_id], token_id=token_id))
+                pending = "".join(t.text for t in held)
+                hit = _first_stop(emitted + pending, stops, len(emitted))
                 if hit is not None:
-                    cut = hit - len(text)
-                    if cut > 0:
-                        out += 1
-                        yield Token(text=piece[:cut], token_id=token_id)
+                    for tok in _cut(held, hit - len(emitted)):
+                        sent += 1
+                        yield tok
+                    held = []
                     stop_reason = "stop"
                     break
-                text += piece
-                out += 1
-                yield Token(text=piece, token_id=token_id)
-            yield Finish(stop_reason=stop_reason, tokens_in=tokens_in, tokens_out=out)
+                safe = _safe_length(emitted + pending, stops) - len(emitted)
+                while held and len(held[0].text) <= safe:
+                    tok = held.pop(0)
+                    safe -= len(tok.text)
+                    emitted += tok.text
+                    sent += 1
+                    yield tok
+            for tok in held:
+                sent += 1
+                yield tok
+            yield Finish(stop_reason=stop_reason, tokens_in=tokens_in, tokens_out=sent)
         finally:
             self._active.discard(rid)
             self._cancelled.discard(rid)
@@ -152,13 +168,37 @@ class SimAdapter(WorkerAdapter):
         )
 
 
+def _cut(held: list[Token], upto: int) -> list[Token]:
+    """The held tokens truncated to their first ``upto`` characters (empty pieces dropped)."""
+    out = []
+    for tok in held:
+        if upto <= 0:
+            break
+        piece = tok.text[:upto]
+        out.append(Token(text=piece, token_id=tok.token_id))
+        upto -= len(tok.text)
+    return out
+
+
+def _safe_length(text: str, stops: tuple[str, ...]) -> int:
+    """Length of the prefix of ``text`` that no stop string can still begin in."""
+    safe = len(text)
+    for stop in stops:
+        for k in range(min(len(stop) - 1, len(text)), 0, -1):
+            if text.endswith(stop[:k]):
+                safe = min(safe, len(text) - k)
+                break
+    return safe
+
+
 def _first_stop(text: str, stops: tuple[str, ...], searched_upto: int) -> int | None:
-    """Index in ``text`` where the earliest stop string begins, looking only at new text."""
+    """Index in ``text`` where the earliest stop string begins, at or after ``searched_upto``.
+
+    Text before ``searched_upto`` has been sent, and by construction no stop begins in it.
+    """
     best: int | None = None
     for stop in stops:
-        if not stop:
-            continue
-        idx = text.find(stop, max(0, searched_upto - len(stop) + 1))
+        idx = text.find(stop, searched_upto)
         if idx != -1 and (best is None or idx < best):
             best = idx
     return best

@@ -328,15 +328,6 @@ async def test_empty_and_unmet_stops_are_ignored() -> None:
     assert len(tokens) == 40
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "BUG: a stop string that spans a token boundary is partly emitted. The earlier tokens "
-        "holding the stop string's beginning were already yielded; when the match is found "
-        "(cut <= 0) only the current token is dropped, so the output ends with a prefix of "
-        "the stop string (e.g. 'the ' for stop 'the of') and tokens_out counts it"
-    ),
-)
 @pytest.mark.parametrize("stop", ["e t", "the of"])
 async def test_stop_spanning_tokens_is_not_emitted(
     monkeypatch: pytest.MonkeyPatch, stop: str
@@ -565,15 +556,6 @@ async def test_aclose_hook_is_harmless() -> None:
     assert (await adapter.health()).ready
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "BUG: the model hash is json.dumps of the identity, which writes 0 and 0.0 "
-        "differently, so SimAdapter(eos_probability=0) (as bench/relay.py and pool options "
-        "from YAML build it) and SimAdapter(eos_probability=0.0) (as Settings builds it) "
-        "have different model hashes and generate different tokens for the same request"
-    ),
-)
 async def test_int_and_float_eos_probability_are_one_engine() -> None:
     as_int = SimAdapter(tokens_per_s=0, eos_probability=0)
     as_float = SimAdapter(tokens_per_s=0, eos_probability=0.0)
@@ -581,14 +563,6 @@ async def test_int_and_float_eos_probability_are_one_engine() -> None:
     assert await collect(as_int, req()) == await collect(as_float, req())
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "BUG: the generator seed is json.dumps of the request, which writes 1 and 1.0 "
-        "differently, so temperature=1 and temperature=1.0 (equal numbers, and equal under "
-        "the project's canonical form) generate different tokens"
-    ),
-)
 async def test_int_and_float_sampling_params_are_one_request() -> None:
     adapter = fast(eos_probability=0.0)
     as_float = await collect(adapter, req(temperature=1.0, top_p=1.0))

@@ -245,14 +245,6 @@ def test_normalize_is_idempotent() -> None:
 # --- known bugs --------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "BUG: normalize() accepts ints of any size (and lone surrogates), but orjson cannot "
-        "encode ints outside the 64-bit range (or surrogates), so canonical_json raises "
-        "orjson.JSONEncodeError (a TypeError) instead of InvalidParams naming the field"
-    ),
-)
 @pytest.mark.parametrize(
     "value",
     [{"n": 2**64}, {"n": -(2**63) - 1}, {"n": 10**30}, {"s": "\ud800"}],

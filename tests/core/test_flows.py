@@ -183,28 +183,12 @@ def test_identical_duplicate_tools_refused() -> None:
     assert _field_of(info.value) == "tools[1].name"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "BUG: duplicate tool names are checked before NFC normalization, so two names that "
-        "are equal after NFC ('e\\u0301' and '\\u00e9') are both accepted; the sort by the "
-        "normalized name is then a tie, so the flow hash depends on the input tool order"
-    ),
-)
 def test_tool_names_equal_after_nfc_refused() -> None:
     tools = [tool("e\u0301", {"type": "object"}), tool("\u00e9", {"type": "string"})]
     with pytest.raises(InvalidParams):
         flow(tools=tools)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "BUG: tools whose names are equal only after NFC are not refused as duplicates, and "
-        "the stable sort by normalized name keeps their input order, so the same tools in "
-        "another order give another flow hash (tool order is documented as not material)"
-    ),
-)
 def test_tool_order_not_material_for_names_equal_after_nfc() -> None:
     t1 = tool("e\u0301", {"type": "object"})
     t2 = tool("\u00e9", {"type": "string"})

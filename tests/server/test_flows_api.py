@@ -75,3 +75,10 @@ async def test_bad_executor(client: httpx.AsyncClient) -> None:
     r = await client.post("/v1/flows", json={"ast": 1, "tools": [tool]})
     assert r.status_code == 422
     assert r.json()["details"]["errors"][0]["field"].startswith("tools.0.executor")
+
+
+async def test_out_of_range_integer_is_bad_input(client: httpx.AsyncClient) -> None:
+    r = await client.post("/v1/flows", content=b'{"ast": {"n": 100000000000000000000000}}',
+                          headers={"content-type": "application/json"})
+    assert r.status_code == 422
+    assert r.json()["details"]["errors"][0]["field"] == "ast.n"
