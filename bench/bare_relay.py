@@ -46,40 +46,81 @@ async def stream(request: Request) -> Response:
     sid = q.get("id") or f"bare_{uuid.uuid4().hex}"
     flush = max(1, int(q.get("flush", "16")))
     llm = normalize_llm_input(
-        prompt=q.get("prompt", "hello"), messages=None,
-        params={"max_tokens": int(q.get("max_tokens", "16"))}, model=None,
+        prompt=q.get("prompt", "hello"),
+        messages=None,
+        params={"max_tokens": int(q.get("max_tokens", "16"))},
+        model=None,
     )
     p = llm.params
     req = GenerationRequest(
-        request_id=sid, prompt=llm.prompt, messages=None, seed=int(q.get("seed", "1")),
-        max_tokens=p.max_tokens, temperature=p.temperature, top_p=p.top_p, top_k=p.top_k,
-        stop=p.stop, model=None,
+        request_id=sid,
+        prompt=llm.prompt,
+        messages=None,
+        seed=int(q.get("seed", "1")),
+        max_tokens=p.max_tokens,
+        temperature=p.temperature,
+        top_p=p.top_p,
+        top_k=p.top_k,
+        stop=p.stop,
+        model=None,
     )
 
     async def body():  # type: ignore[no-untyped-def]
         seq = 0
-        buf = [_frame(seq, "started", {"step_id": sid, "seq": seq, "type": "started",
-                                       "pool_id": "bare", "replica_id": "bare-0",
-                                       "engine": "sim"})]
+        buf = [
+            _frame(
+                seq,
+                "started",
+                {
+                    "step_id": sid,
+                    "seq": seq,
+                    "type": "started",
+                    "pool_id": "bare",
+                    "replica_id": "bare-0",
+                    "engine": "sim",
+                },
+            )
+        ]
         i = 0
         gen = adapter.stream(req)
         try:
             async for item in gen:
                 if isinstance(item, Token):
                     seq += 1
-                    buf.append(_frame(seq, "token", {"step_id": sid, "seq": seq, "type": "token",
-                                                     "i": i, "t": item.text,
-                                                     "token_id": item.token_id}))
+                    buf.append(
+                        _frame(
+                            seq,
+                            "token",
+                            {
+                                "step_id": sid,
+                                "seq": seq,
+                                "type": "token",
+                                "i": i,
+                                "t": item.text,
+                                "token_id": item.token_id,
+                            },
+                        )
+                    )
                     i += 1
                     if len(buf) >= flush:
                         yield b"".join(buf)
                         buf = []
                 elif isinstance(item, Finish):
                     seq += 1
-                    buf.append(_frame(seq, "end", {"step_id": sid, "seq": seq, "type": "end",
-                                                   "stop_reason": item.stop_reason,
-                                                   "tokens_in": item.tokens_in,
-                                                   "tokens_out": item.tokens_out}))
+                    buf.append(
+                        _frame(
+                            seq,
+                            "end",
+                            {
+                                "step_id": sid,
+                                "seq": seq,
+                                "type": "end",
+                                "stop_reason": item.stop_reason,
+                                "tokens_in": item.tokens_in,
+                                "tokens_out": item.tokens_out,
+                            },
+                        )
+                    )
         finally:
             await gen.aclose()
         if buf:
@@ -98,8 +139,9 @@ def main() -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--log-level", default="info")
     args = parser.parse_args()
-    uvicorn.run(app, host="127.0.0.1", port=args.port, log_level=args.log_level,
-                timeout_graceful_shutdown=5)
+    uvicorn.run(
+        app, host="127.0.0.1", port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5
+    )
 
 
 if __name__ == "__main__":

@@ -125,12 +125,15 @@ class Scenario:
             "ttft_p50_ms": self.median("ttft_p50_ms"),
             "ttft_p95_ms": self.median("ttft_p95_ms"),
             "idle_ttft_p50_ms": percentile(self.idle_ttft_ms, 50),
-            "server_cpu_us_per_token": None if server is None or not tokens
+            "server_cpu_us_per_token": None
+            if server is None or not tokens
             else server / tokens * 1e6,
-            "client_cpu_us_per_token": None if client is None or not tokens
+            "client_cpu_us_per_token": None
+            if client is None or not tokens
             else client / tokens * 1e6,
             "all_streams_complete": bool(self.rounds)
-            and all(r.ok_streams == streams for r in self.rounds) and not self.errors,
+            and all(r.ok_streams == streams for r in self.rounds)
+            and not self.errors,
         }
 
 
@@ -144,8 +147,13 @@ def percentile(values: list[float], p: float) -> float | None:
     return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
 
 
-def make_round(results: list[StreamResult], wall_s: float, expect: int,
-               server_cpu_s: float | None, client_cpu_s: float) -> Round:
+def make_round(
+    results: list[StreamResult],
+    wall_s: float,
+    expect: int,
+    server_cpu_s: float | None,
+    client_cpu_s: float,
+) -> Round:
     ttfts = [r.ttft_s * 1000 for r in results if r.ttft_s is not None]
     tokens = sum(r.tokens for r in results)
     return Round(
@@ -188,9 +196,13 @@ async def consume_sse(client: httpx.AsyncClient, url: str, t0: float) -> StreamR
 
 
 def _request(i: int, tokens: int) -> GenerationRequest:
-    return GenerationRequest(request_id=f"direct-{i}-{uuid.uuid4().hex[:8]}",
-                             prompt=f"bench stream {i}", messages=None, seed=i,
-                             max_tokens=tokens)
+    return GenerationRequest(
+        request_id=f"direct-{i}-{uuid.uuid4().hex[:8]}",
+        prompt=f"bench stream {i}",
+        messages=None,
+        seed=i,
+        max_tokens=tokens,
+    )
 
 
 async def direct_round(streams: int, tokens: int) -> Round:
@@ -228,8 +240,9 @@ def free_port() -> int:
 
 
 class Server:
-    def __init__(self, name: str, argv: list[str], env: dict[str, str], port: int,
-                 log_path: Path) -> None:
+    def __init__(
+        self, name: str, argv: list[str], env: dict[str, str], port: int, log_path: Path
+    ) -> None:
         self.name = name
         self.argv = argv
         self.env = env
@@ -241,16 +254,23 @@ class Server:
     async def start(self, timeout_s: float = 60.0) -> None:
         log = self.log_path.open("wb")
         self.proc = subprocess.Popen(  # noqa: ASYNC220 (returns at once)
-            self.argv, env=self.env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL, start_new_session=True)
+            self.argv,
+            env=self.env,
+            cwd=ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         log.close()
         _children.append(self.proc)
         deadline = time.monotonic() + timeout_s
         async with httpx.AsyncClient(base_url=self.base_url, timeout=2.0) as probe:
             while time.monotonic() < deadline:
                 if self.proc.poll() is not None:
-                    raise RuntimeError(f"{self.name} exited with {self.proc.returncode}:\n"
-                                       f"{self.log_tail()}")
+                    raise RuntimeError(
+                        f"{self.name} exited with {self.proc.returncode}:\n{self.log_tail()}"
+                    )
                 with contextlib.suppress(httpx.HTTPError):
                     if (await probe.get("/healthz")).status_code == 200:
                         return
@@ -280,7 +300,7 @@ class Server:
         with contextlib.suppress(ProcessLookupError):
             proc.send_signal(signal.SIGINT)
         deadline = time.monotonic() + grace_s
-        while proc.poll() is None and time.monotonic() < deadline:  # noqa: ASYNC110
+        while proc.poll() is None and time.monotonic() < deadline:
             await asyncio.sleep(0.1)
         if proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
@@ -290,8 +310,9 @@ class Server:
 
 def server_env(extra: dict[str, str]) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("ORCHESTRATORD_")}
-    env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH")
-                                     else "")
+    env["PYTHONPATH"] = str(ROOT) + (
+        os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else ""
+    )
     env.update(extra)
     return env
 
@@ -309,8 +330,9 @@ class Clients:
     def __init__(self, streams: int, timeout_s: float) -> None:
         timeout = httpx.Timeout(timeout_s, connect=10.0)
         limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
-        self.per_stream = [httpx.AsyncClient(timeout=timeout, limits=limits)
-                           for _ in range(streams)]
+        self.per_stream = [
+            httpx.AsyncClient(timeout=timeout, limits=limits) for _ in range(streams)
+        ]
         self.control = httpx.AsyncClient(timeout=timeout)
 
     def __getitem__(self, i: int) -> httpx.AsyncClient:
@@ -334,8 +356,9 @@ def make_client(streams: int, timeout_s: float) -> Clients:
 StartOne = Callable[[int], Awaitable[StreamResult]]
 
 
-async def timed_round(server: Server, streams: int, tokens: int, start_one: StartOne,
-                      timeout_s: float) -> Round:
+async def timed_round(
+    server: Server, streams: int, tokens: int, start_one: StartOne, timeout_s: float
+) -> Round:
     s0, c0 = server.cpu_s(), time.process_time()
     t0 = time.perf_counter()
     results = await asyncio.wait_for(
@@ -350,25 +373,51 @@ async def timed_round(server: Server, streams: int, tokens: int, start_one: Star
 async def bench_bare(args: argparse.Namespace, flush: int, workdir: Path) -> Scenario:
     sc = Scenario(name=f"bare relay (flush{flush})", kind="bare")
     port = free_port()
-    server = Server(sc.name, [sys.executable, str(HERE / "bare_relay.py"), "--port", str(port),
-                              "--log-level", args.server_log_level],
-                    server_env({}), port, workdir / f"bare_flush{flush}.log")
+    server = Server(
+        sc.name,
+        [
+            sys.executable,
+            str(HERE / "bare_relay.py"),
+            "--port",
+            str(port),
+            "--log-level",
+            args.server_log_level,
+        ],
+        server_env({}),
+        port,
+        workdir / f"bare_flush{flush}.log",
+    )
     try:
         await server.start()
         async with make_client(args.streams, args.round_timeout) as clients:
+
             def start_one_for(tokens: int, tag: str) -> StartOne:
                 async def one(i: int) -> StreamResult:
-                    url = (f"{server.base_url}/stream?max_tokens={tokens}&seed={i}"
-                           f"&prompt=bench%20stream%20{i}&flush={flush}&id={tag}-{i}")
+                    url = (
+                        f"{server.base_url}/stream?max_tokens={tokens}&seed={i}"
+                        f"&prompt=bench%20stream%20{i}&flush={flush}&id={tag}-{i}"
+                    )
                     return await consume_sse(clients[i], url, time.perf_counter())
+
                 return one
 
-            await timed_round(server, args.streams, args.warmup_tokens,
-                              start_one_for(args.warmup_tokens, "warm"), args.round_timeout)
+            await timed_round(
+                server,
+                args.streams,
+                args.warmup_tokens,
+                start_one_for(args.warmup_tokens, "warm"),
+                args.round_timeout,
+            )
             for r in range(args.repeat):
-                sc.rounds.append(await timed_round(
-                    server, args.streams, args.tokens, start_one_for(args.tokens, f"r{r}"),
-                    args.round_timeout))
+                sc.rounds.append(
+                    await timed_round(
+                        server,
+                        args.streams,
+                        args.tokens,
+                        start_one_for(args.tokens, f"r{r}"),
+                        args.round_timeout,
+                    )
+                )
                 print(f"  {sc.name} round {r + 1}: {fmt_round(sc.rounds[-1])}", flush=True)
             probe = start_one_for(IDLE_PROBE_TOKENS, "idle")
             for i in range(IDLE_PROBES):
@@ -383,34 +432,48 @@ async def bench_bare(args: argparse.Namespace, flush: int, workdir: Path) -> Sce
     return sc
 
 
-async def bench_orchestratord(args: argparse.Namespace, name: str, database_url: str,
-                              workdir: Path) -> Scenario:
+async def bench_orchestratord(
+    args: argparse.Namespace, name: str, database_url: str, workdir: Path
+) -> Scenario:
     sc = Scenario(name=name, kind="orchestratord")
     port = free_port()
-    env = server_env({
-        "ORCHESTRATORD_SIM__TOKENS_PER_S": "0",
-        "ORCHESTRATORD_SIM__EOS_PROBABILITY": "0",
-        "ORCHESTRATORD_SIM__SLOTS": str(max(64, args.streams)),
-        "ORCHESTRATORD_LOG_LEVEL": args.server_log_level,
-    })
+    env = server_env(
+        {
+            "ORCHESTRATORD_SIM__TOKENS_PER_S": "0",
+            "ORCHESTRATORD_SIM__EOS_PROBABILITY": "0",
+            "ORCHESTRATORD_SIM__SLOTS": str(max(64, args.streams)),
+            "ORCHESTRATORD_LOG_LEVEL": args.server_log_level,
+        }
+    )
     exe = VENV_BIN / "orchestratord"
     argv = [str(exe)] if exe.exists() else [sys.executable, "-m", "orchestratord.cli"]
-    argv += ["serve", "--engine", "sim", "--database-url", database_url,
-             "--host", "127.0.0.1", "--port", str(port)]
+    argv += [
+        "serve",
+        "--engine",
+        "sim",
+        "--database-url",
+        database_url,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    ]
     slug = name.replace(" ", "_").replace("(", "").replace(")", "")
     server = Server(name, argv, env, port, workdir / f"{slug}.log")
     try:
         await server.start()
         async with make_client(args.streams, args.round_timeout) as clients:
             base = server.base_url
-            r = await clients.control.post(f"{base}/v1/flows",
-                                           json={"ast": {"v": 1, "bench": "relay"}})
+            r = await clients.control.post(
+                f"{base}/v1/flows", json={"ast": {"v": 1, "bench": "relay"}}
+            )
             r.raise_for_status()
             flow_id = r.json()["flow_id"]
 
             async def new_run(seed: int) -> str:
-                r = await clients.control.post(f"{base}/v1/flows/{flow_id}/runs",
-                                              json={"seed": seed})
+                r = await clients.control.post(
+                    f"{base}/v1/flows/{flow_id}/runs", json={"seed": seed}
+                )
                 r.raise_for_status()
                 run_id: str = r.json()["run_id"]
                 return run_id
@@ -428,38 +491,56 @@ async def bench_orchestratord(args: argparse.Namespace, name: str, database_url:
                     t0 = time.perf_counter()
                     resp = await clients[i].post(
                         f"{base}/v1/runs/{run_id}/steps",
-                        json={"type": "llm_call", "client_token": f"{tag}-{i}-{uuid.uuid4().hex}",
-                              "input": {"prompt": f"bench stream {i}",
-                                        "params": {"max_tokens": tokens}}},
+                        json={
+                            "type": "llm_call",
+                            "client_token": f"{tag}-{i}-{uuid.uuid4().hex}",
+                            "input": {
+                                "prompt": f"bench stream {i}",
+                                "params": {"max_tokens": tokens},
+                            },
+                        },
                     )
                     if resp.status_code not in (200, 202):
                         raise RuntimeError(f"step POST: {resp.status_code} {resp.text[:200]}")
                     step_id = resp.json()["step_id"]
-                    return await consume_sse(clients[i], f"{base}/v1/steps/{step_id}/stream",
-                                             t0)
+                    return await consume_sse(clients[i], f"{base}/v1/steps/{step_id}/stream", t0)
+
                 return one
 
-            await timed_round(server, args.streams, args.warmup_tokens,
-                              await prepared(args.warmup_tokens, "warm"), args.round_timeout)
+            await timed_round(
+                server,
+                args.streams,
+                args.warmup_tokens,
+                await prepared(args.warmup_tokens, "warm"),
+                args.round_timeout,
+            )
             for r_i in range(args.repeat):
                 start_one = await prepared(args.tokens, f"r{r_i}")
-                sc.rounds.append(await timed_round(server, args.streams, args.tokens,
-                                                   start_one, args.round_timeout))
+                sc.rounds.append(
+                    await timed_round(
+                        server, args.streams, args.tokens, start_one, args.round_timeout
+                    )
+                )
                 print(f"  {sc.name} round {r_i + 1}: {fmt_round(sc.rounds[-1])}", flush=True)
             run_id = await new_run(99)
             for i in range(IDLE_PROBES):
                 t0 = time.perf_counter()
                 resp = await clients[0].post(
                     f"{base}/v1/runs/{run_id}/steps",
-                    json={"type": "llm_call", "client_token": f"idle-{i}-{uuid.uuid4().hex}",
-                          "input": {"prompt": f"bench stream {i}",
-                                    "params": {"max_tokens": IDLE_PROBE_TOKENS}}},
+                    json={
+                        "type": "llm_call",
+                        "client_token": f"idle-{i}-{uuid.uuid4().hex}",
+                        "input": {
+                            "prompt": f"bench stream {i}",
+                            "params": {"max_tokens": IDLE_PROBE_TOKENS},
+                        },
+                    },
                 )
                 resp.raise_for_status()
                 res = await asyncio.wait_for(
-                    consume_sse(clients[0], f"{base}/v1/steps/{resp.json()['step_id']}/stream",
-                                t0),
-                    args.round_timeout)
+                    consume_sse(clients[0], f"{base}/v1/steps/{resp.json()['step_id']}/stream", t0),
+                    args.round_timeout,
+                )
                 if res.ttft_s is not None:
                     sc.idle_ttft_ms.append(res.ttft_s * 1000)
     except Exception as exc:
@@ -515,9 +596,11 @@ def fmt_round(r: Round) -> str:
     p50 = "-" if r.ttft_p50_ms is None else f"{r.ttft_p50_ms:.1f}"
     p95 = "-" if r.ttft_p95_ms is None else f"{r.ttft_p95_ms:.1f}"
     srv = "" if r.server_cpu_s is None else f", server cpu {r.server_cpu_s:.2f}s"
-    return (f"{r.delivered_tok_s:,.0f} tok/s, wall {r.wall_s:.2f}s, TTFT p50 {p50} ms "
-            f"p95 {p95} ms, {r.ok_streams} complete streams{srv}, "
-            f"client cpu {r.client_cpu_s:.2f}s")
+    return (
+        f"{r.delivered_tok_s:,.0f} tok/s, wall {r.wall_s:.2f}s, TTFT p50 {p50} ms "
+        f"p95 {p95} ms, {r.ok_streams} complete streams{srv}, "
+        f"client cpu {r.client_cpu_s:.2f}s"
+    )
 
 
 def _num(v: float | None, spec: str) -> str:
@@ -532,8 +615,11 @@ def markdown_table(summaries: dict[str, dict[str, Any]], direct_name: str) -> st
         "|---|---:|---:|---:|---:|---:|---:|---:|:---:|",
     ]
     for name, s in summaries.items():
-        pct = (None if not direct or s["delivered_tok_s"] is None
-               else 100 * s["delivered_tok_s"] / direct)
+        pct = (
+            None
+            if not direct or s["delivered_tok_s"] is None
+            else 100 * s["delivered_tok_s"] / direct
+        )
         lines.append(
             f"| {name} | {_num(s['delivered_tok_s'], ',.0f')} | {_num(pct, '.1f')} "
             f"| {_num(s['ttft_p50_ms'], '.2f')} | {_num(s['ttft_p95_ms'], '.2f')} "
@@ -545,32 +631,44 @@ def markdown_table(summaries: dict[str, dict[str, Any]], direct_name: str) -> st
     return "\n".join(lines)
 
 
-def comparisons(summaries: dict[str, dict[str, Any]], bare_name: str,
-                orch_names: list[str]) -> list[dict[str, Any]]:
+def comparisons(
+    summaries: dict[str, dict[str, Any]], bare_name: str, orch_names: list[str]
+) -> list[dict[str, Any]]:
     bare = summaries.get(bare_name)
     out = []
     for name in orch_names:
         orch = summaries.get(name)
-        if not bare or not orch or bare["delivered_tok_s"] in (None, 0) \
-                or orch["delivered_tok_s"] is None:
+        if (
+            not bare
+            or not orch
+            or bare["delivered_tok_s"] in (None, 0)
+            or orch["delivered_tok_s"] is None
+        ):
             continue
         ratio = orch["delivered_tok_s"] / bare["delivered_tok_s"]
-        added = (None if orch["ttft_p50_ms"] is None or bare["ttft_p50_ms"] is None
-                 else orch["ttft_p50_ms"] - bare["ttft_p50_ms"])
-        idle_added = (None if orch["idle_ttft_p50_ms"] is None
-                      or bare["idle_ttft_p50_ms"] is None
-                      else orch["idle_ttft_p50_ms"] - bare["idle_ttft_p50_ms"])
-        out.append({
-            "scenario": name,
-            "baseline": bare_name,
-            "delivered_ratio": ratio,
-            "delivered_ratio_target": TARGET_RATIO,
-            "delivered_ratio_met": ratio >= TARGET_RATIO,
-            "added_ttft_p50_ms": added,
-            "added_ttft_p50_target_ms": TARGET_ADDED_TTFT_MS,
-            "added_ttft_p50_met": added is not None and added < TARGET_ADDED_TTFT_MS,
-            "idle_added_ttft_p50_ms": idle_added,
-        })
+        added = (
+            None
+            if orch["ttft_p50_ms"] is None or bare["ttft_p50_ms"] is None
+            else orch["ttft_p50_ms"] - bare["ttft_p50_ms"]
+        )
+        idle_added = (
+            None
+            if orch["idle_ttft_p50_ms"] is None or bare["idle_ttft_p50_ms"] is None
+            else orch["idle_ttft_p50_ms"] - bare["idle_ttft_p50_ms"]
+        )
+        out.append(
+            {
+                "scenario": name,
+                "baseline": bare_name,
+                "delivered_ratio": ratio,
+                "delivered_ratio_target": TARGET_RATIO,
+                "delivered_ratio_met": ratio >= TARGET_RATIO,
+                "added_ttft_p50_ms": added,
+                "added_ttft_p50_target_ms": TARGET_ADDED_TTFT_MS,
+                "added_ttft_p50_met": added is not None and added < TARGET_ADDED_TTFT_MS,
+                "idle_added_ttft_p50_ms": idle_added,
+            }
+        )
     return out
 
 
@@ -598,8 +696,19 @@ def versions() -> dict[str, str]:
     from importlib.metadata import PackageNotFoundError, version
 
     out = {}
-    for pkg in ("uvicorn", "starlette", "sse-starlette", "fastapi", "httpx", "sqlalchemy",
-                "aiosqlite", "asyncpg", "orjson", "uvloop", "httptools"):
+    for pkg in (
+        "uvicorn",
+        "starlette",
+        "sse-starlette",
+        "fastapi",
+        "httpx",
+        "sqlalchemy",
+        "aiosqlite",
+        "asyncpg",
+        "orjson",
+        "uvloop",
+        "httptools",
+    ):
         try:
             out[pkg] = version(pkg)
         except PackageNotFoundError:
@@ -622,14 +731,18 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             scenarios.append(await bench_bare(args, 1, workdir))
         print("orchestratord (SQLite)", flush=True)
         db_path = workdir / "orchestratord.db"
-        scenarios.append(await bench_orchestratord(args, "orchestratord (SQLite)",
-                                                   f"sqlite:///{db_path}", workdir))
+        scenarios.append(
+            await bench_orchestratord(
+                args, "orchestratord (SQLite)", f"sqlite:///{db_path}", workdir
+            )
+        )
         if args.pg:
             print("orchestratord (PostgreSQL)", flush=True)
             try:
                 async with PgDatabase(args.pg_admin_url) as url:
-                    scenarios.append(await bench_orchestratord(
-                        args, "orchestratord (PostgreSQL)", url, workdir))
+                    scenarios.append(
+                        await bench_orchestratord(args, "orchestratord (PostgreSQL)", url, workdir)
+                    )
             except Exception as exc:
                 sc = Scenario(name="orchestratord (PostgreSQL)", kind="orchestratord")
                 sc.errors.append(f"{type(exc).__name__}: {exc}")
@@ -648,17 +761,27 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         "benchmark": "relay",
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "command": " ".join([".venv/bin/python", "bench/relay.py", *sys.argv[1:]]),
-        "config": {k: (str(v) if isinstance(v, Path) else v)
-                   for k, v in vars(args).items() if k != "pg_admin_url"},
+        "config": {
+            k: (str(v) if isinstance(v, Path) else v)
+            for k, v in vars(args).items()
+            if k != "pg_admin_url"
+        },
         "machine": machine_info(),
         "versions": versions(),
-        "targets": {"delivered_ratio_min": TARGET_RATIO,
-                    "added_ttft_p50_ms_max": TARGET_ADDED_TTFT_MS},
+        "targets": {
+            "delivered_ratio_min": TARGET_RATIO,
+            "added_ttft_p50_ms_max": TARGET_ADDED_TTFT_MS,
+        },
         "summary": summaries,
         "comparisons": comps,
         "scenarios": [
-            {"name": sc.name, "kind": sc.kind, "errors": sc.errors,
-             "idle_ttft_ms": sc.idle_ttft_ms, "rounds": [asdict(r) for r in sc.rounds]}
+            {
+                "name": sc.name,
+                "kind": sc.kind,
+                "errors": sc.errors,
+                "idle_ttft_ms": sc.idle_ttft_ms,
+                "rounds": [asdict(r) for r in sc.rounds],
+            }
             for sc in scenarios
         ],
     }
@@ -667,45 +790,72 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
 def print_report(result: dict[str, Any]) -> None:
     cfg = result["config"]
     print()
-    print(f"### relay: {cfg['streams']} streams x {cfg['tokens']} tokens, "
-          f"median of {cfg['repeat']} rounds ({result['machine']['cpus_usable']} CPUs)")
+    print(
+        f"### relay: {cfg['streams']} streams x {cfg['tokens']} tokens, "
+        f"median of {cfg['repeat']} rounds ({result['machine']['cpus_usable']} CPUs)"
+    )
     print()
     print(markdown_table(result["summary"], "direct (in-process sim)"))
     print()
     for c in result["comparisons"]:
         added = c["added_ttft_p50_ms"]
         idle = c["idle_added_ttft_p50_ms"]
-        print(f"- {c['scenario']} / {c['baseline']}: delivered ratio {c['delivered_ratio']:.3f} "
-              f"(target >= {c['delivered_ratio_target']}: "
-              f"{'met' if c['delivered_ratio_met'] else 'MISSED'}); added TTFT p50 "
-              f"{_num(added, '.2f')} ms (target < {c['added_ttft_p50_target_ms']} ms: "
-              f"{'met' if c['added_ttft_p50_met'] else 'MISSED'}); idle added TTFT p50 "
-              f"{_num(idle, '.2f')} ms")
+        print(
+            f"- {c['scenario']} / {c['baseline']}: delivered ratio {c['delivered_ratio']:.3f} "
+            f"(target >= {c['delivered_ratio_target']}: "
+            f"{'met' if c['delivered_ratio_met'] else 'MISSED'}); added TTFT p50 "
+            f"{_num(added, '.2f')} ms (target < {c['added_ttft_p50_target_ms']} ms: "
+            f"{'met' if c['added_ttft_p50_met'] else 'MISSED'}); idle added TTFT p50 "
+            f"{_num(idle, '.2f')} ms"
+        )
     for sc in result["scenarios"]:
         for err in sc["errors"]:
             print(f"- ERROR in {sc['name']}: {err}")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--streams", type=int, default=50, help="concurrent streams (default 50)")
     p.add_argument("--tokens", type=int, default=2000, help="tokens per stream (default 2000)")
     p.add_argument("--repeat", type=int, default=3, help="measured rounds; the median is kept")
-    p.add_argument("--warmup-tokens", type=int, default=200,
-                   help="tokens per stream of the warm-up round (default 200)")
+    p.add_argument(
+        "--warmup-tokens",
+        type=int,
+        default=200,
+        help="tokens per stream of the warm-up round (default 200)",
+    )
     p.add_argument("--pg", action="store_true", help="also run orchestratord on PostgreSQL")
-    p.add_argument("--pg-admin-url", default=os.environ.get(
-        "BENCH_PG_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres"),
-        help="database used to CREATE/DROP the scratch database")
-    p.add_argument("--shared-run", action="store_true",
-                   help="all steps of a round in one run (default: one run per stream)")
-    p.add_argument("--no-per-frame", dest="per_frame", action="store_false",
-                   help="skip the bare relay variant that writes every frame alone")
-    p.add_argument("--server-log-level", default="info",
-                   help="log level of both servers (default info, orchestratord's default)")
-    p.add_argument("--round-timeout", type=float, default=300.0,
-                   help="seconds one round may take before it is abandoned")
+    p.add_argument(
+        "--pg-admin-url",
+        default=os.environ.get(
+            "BENCH_PG_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
+        ),
+        help="database used to CREATE/DROP the scratch database",
+    )
+    p.add_argument(
+        "--shared-run",
+        action="store_true",
+        help="all steps of a round in one run (default: one run per stream)",
+    )
+    p.add_argument(
+        "--no-per-frame",
+        dest="per_frame",
+        action="store_false",
+        help="skip the bare relay variant that writes every frame alone",
+    )
+    p.add_argument(
+        "--server-log-level",
+        default="info",
+        help="log level of both servers (default info, orchestratord's default)",
+    )
+    p.add_argument(
+        "--round-timeout",
+        type=float,
+        default=300.0,
+        help="seconds one round may take before it is abandoned",
+    )
     p.add_argument("--keep-logs", action="store_true", help="keep the servers' logs")
     p.add_argument("--out", type=Path, default=HERE / "results" / "relay.json")
     args = p.parse_args(argv)

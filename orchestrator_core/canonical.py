@@ -52,7 +52,9 @@ def normalize(value: Any, path: str = "$") -> Any:
                 raise InvalidParams("object keys must be strings", field=path)
             nkey = _text(key, path)
             if nkey in out:
-                raise InvalidParams(f"key {key!r} is duplicated after NFC normalization", field=path)
+                raise InvalidParams(
+                    f"key {key!r} is duplicated after NFC normalization", field=path
+                )
             out[nkey] = normalize(item, f"{path}.{nkey}")
         return out
     if isinstance(value, (list, tuple)):

@@ -1,14 +1,14 @@
 """The project's error tree. Every layer raises these; only orchestratord maps them to HTTP.
 
-    OrchestratorError            code, message, retriable, details
-    ├── InvalidParams            422 INVALID_PARAMS   (bad input, names the field)
-    ├── NotFound                 404 NOT_FOUND
-    ├── Conflict                 409 CONFLICT         (idempotency key reused, illegal transition)
-    ├── Unsupported              501 UNSUPPORTED      (accepted by the schema, not served yet)
-    ├── PoolUnavailable          503 POOL_UNAVAILABLE (placement found no healthy pool)
-    ├── NoCapacity               503 NO_CAPACITY
-    ├── EngineError              502 ENGINE_ERROR     (raised by worker adapters)
-    └── Cancelled                    CANCELLED
+OrchestratorError            code, message, retriable, details
+├── InvalidParams            422 INVALID_PARAMS   (bad input, names the field)
+├── NotFound                 404 NOT_FOUND
+├── Conflict                 409 CONFLICT         (idempotency key reused, illegal transition)
+├── Unsupported              501 UNSUPPORTED      (accepted by the schema, not served yet)
+├── PoolUnavailable          503 POOL_UNAVAILABLE (placement found no healthy pool)
+├── NoCapacity               503 NO_CAPACITY
+├── EngineError              502 ENGINE_ERROR     (raised by worker adapters)
+└── Cancelled                    CANCELLED
 """
 
 from __future__ import annotations

@@ -29,9 +29,7 @@ def flow_id_for(content_hash: str) -> str:
     return "flow_" + content_hash.removeprefix("sha256:")
 
 
-def normalize_flow(
-    *, ast: Any, tools: list[dict[str, Any]], config: dict[str, Any]
-) -> FlowContent:
+def normalize_flow(*, ast: Any, tools: list[dict[str, Any]], config: dict[str, Any]) -> FlowContent:
     """Validate tool schemas, order tools by name, and hash the canonical content.
 
     Tool order is not material (tools are looked up by name), so ``[a, b]`` and ``[b, a]``
@@ -61,8 +59,9 @@ def normalize_flow(
                 field=f"config.fact_schemas.{fact_type}",
             ) from exc
     n_ast = normalize(ast, "ast")
-    n_tools = sorted((normalize(t, f"tools[{i}]") for i, t in enumerate(tools)),
-                     key=lambda t: t["name"])
+    n_tools = sorted(
+        (normalize(t, f"tools[{i}]") for i, t in enumerate(tools)), key=lambda t: t["name"]
+    )
     n_config = normalize(config, "config")
     digest = sha256_of({"ast": n_ast, "tools": n_tools, "config": n_config})
     return FlowContent(ast=n_ast, tools=n_tools, config=n_config, hash=digest)

@@ -97,6 +97,10 @@ def normalize_llm_input(
         stop=tuple(normalize_text(s) for s in merged["stop"]),
     )
     if messages is not None:
-        msgs = tuple(Message(role=m["role"], content=normalize_text(m["content"])) for m in messages)
+        msgs = tuple(
+            Message(role=m["role"], content=normalize_text(m["content"])) for m in messages
+        )
         return LlmInput(prompt=None, messages=msgs, params=sampling, model=model)
-    return LlmInput(prompt=normalize_text(prompt or ""), messages=None, params=sampling, model=model)
+    return LlmInput(
+        prompt=normalize_text(prompt or ""), messages=None, params=sampling, model=model
+    )

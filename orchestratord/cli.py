@@ -51,8 +51,12 @@ def serve(args: argparse.Namespace) -> int:
     configure_logging(settings.log_level)
     app = create_app(settings)
     uvicorn.run(
-        app, host=settings.host, port=settings.port, log_level=settings.log_level,
-        log_config=None, timeout_graceful_shutdown=5,
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        log_config=None,
+        timeout_graceful_shutdown=5,
     )
     return 0
 

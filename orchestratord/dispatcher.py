@@ -131,20 +131,34 @@ async def recover_orphans(tx: Tx) -> int:
     """
     session = tx.session
     steps = (
-        await session.execute(
-            sa.select(Step).where(Step.status == StepStatus.RUNNING.value).with_for_update(key_share=True)
+        (
+            await session.execute(
+                sa.select(Step)
+                .where(Step.status == StepStatus.RUNNING.value)
+                .with_for_update(key_share=True)
+            )
         )
-    ).scalars().all()
+        .scalars()
+        .all()
+    )
     for step in steps:
         last = (
-            await session.execute(sa.select(sa.func.max(Event.seq)).where(Event.step_id == step.step_id))
+            await session.execute(
+                sa.select(sa.func.max(Event.seq)).where(Event.step_id == step.step_id)
+            )
         ).scalar_one()
         seq = 0 if last is None else last + 1
         events = []
         if last is None:
-            events.append(make_event(step.run_id, step.step_id, 0, EventType.STARTED.value,
-                                     {"pool_id": step.pool_id, "replica_id": step.replica_id,
-                                      "engine": None}))
+            events.append(
+                make_event(
+                    step.run_id,
+                    step.step_id,
+                    0,
+                    EventType.STARTED.value,
+                    {"pool_id": step.pool_id, "replica_id": step.replica_id, "engine": None},
+                )
+            )
             seq = 1
         body = {
             "code": "INTERNAL",

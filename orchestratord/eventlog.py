@@ -19,6 +19,7 @@ import logging
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import orjson
 import sqlalchemy as sa
@@ -88,10 +89,10 @@ async def insert_events(session: AsyncSession, events: Sequence[LogEvent]) -> No
     )
 
 
-def _rows_to_events(rows: Sequence[sa.Row[tuple[str, int, str | None, int | None, str, str]]]) -> list[LogEvent]:
-    return [
-        LogEvent(r[0], r[2], r[3], r[4], r[5].encode(), run_seq=r[1]) for r in rows
-    ]
+    rows: Sequence[Any],
+    rows: Sequence[sa.Row[Any]],
+) -> list[LogEvent]:
+    return [LogEvent(r[0], r[2], r[3], r[4], r[5].encode(), run_seq=r[1]) for r in rows]
 
 
 _COLUMNS = (Event.run_id, Event.run_seq, Event.step_id, Event.seq, Event.type, Event.data)
@@ -110,7 +111,9 @@ async def read_step_events(db: Database, step_id: str, from_seq: int, limit: int
     return _rows_to_events(rows)
 
 
-async def read_run_events(db: Database, run_id: str, from_run_seq: int, limit: int) -> list[LogEvent]:
+async def read_run_events(
+    db: Database, run_id: str, from_run_seq: int, limit: int
+) -> list[LogEvent]:
     async with db.read() as session:
         rows = (
             await session.execute(

@@ -97,12 +97,17 @@ class Execution:
         steplog = StepLog(self.writer, step.run_id, step.step_id)
         steplog.emit_nowait(
             EventType.STARTED,
-            {"pool_id": self.pool.pool_id, "replica_id": replica.replica_id,
-             "engine": self.pool.engine},
+            {
+                "pool_id": self.pool.pool_id,
+                "replica_id": replica.replica_id,
+                "engine": self.pool.engine,
+            },
         )
         inp = step.input
         llm = normalize_llm_input(
-            prompt=inp.get("prompt"), messages=inp.get("messages"), params=inp.get("params"),
+            prompt=inp.get("prompt"),
+            messages=inp.get("messages"),
+            params=inp.get("params"),
             model=inp.get("model"),
         )
         request = to_request(step, llm)
@@ -157,29 +162,45 @@ class Execution:
                 "message": error.message,
                 "retriable": error.retriable,
                 "retry_after_ms": None,
-                "details": {"pool_id": self.pool.pool_id, "replica_id": replica.replica_id,
-                            "tokens_out": tokens_out},
+                "details": {
+                    "pool_id": self.pool.pool_id,
+                    "replica_id": replica.replica_id,
+                    "tokens_out": tokens_out,
+                },
                 "correlation_id": None,
             }
             await steplog.close(
-                EventType.ERROR, body,
+                EventType.ERROR,
+                body,
                 self._finalizer(StepStatus.FAILED, provenance, text, progress, None, body),
             )
             return
         stop_reason = "cancelled" if cancelled else (finish.stop_reason if finish else "eos")
         await steplog.close(
             EventType.END,
-            {"stop_reason": stop_reason, "tokens_in": tokens_in, "tokens_out": tokens_out,
-             "provenance": provenance},
+            {
+                "stop_reason": stop_reason,
+                "tokens_in": tokens_in,
+                "tokens_out": tokens_out,
+                "provenance": provenance,
+            },
             self._finalizer(
                 StepStatus.CANCELLED if cancelled else StepStatus.SUCCEEDED,
-                provenance, text, progress, stop_reason, None,
+                provenance,
+                text,
+                progress,
+                stop_reason,
+                None,
             ),
         )
         log.info(
             "step ended",
-            extra={"step_id": step.step_id, "run_id": step.run_id, "stop_reason": stop_reason,
-                   "provenance": provenance},
+            extra={
+                "step_id": step.step_id,
+                "run_id": step.run_id,
+                "stop_reason": stop_reason,
+                "provenance": provenance,
+            },
         )
 
     async def _consume(self, gen: Any, steplog: StepLog, progress: _Progress) -> None:
@@ -216,8 +237,11 @@ class Execution:
                 .values(
                     status=status.value,
                     ended_at=clock.now(),
-                    output={"text": text, "token_ids": progress.token_ids,
-                            "stop_reason": stop_reason},
+                    output={
+                        "text": text,
+                        "token_ids": progress.token_ids,
+                        "stop_reason": stop_reason,
+                    },
                     tokens_in=provenance["tokens_in"],
                     tokens_out=provenance["tokens_out"],
                     cost_usd=provenance["cost_usd"],

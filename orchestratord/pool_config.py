@@ -83,7 +83,9 @@ def _line_of(node: yaml.Node | None, loc: list[Any]) -> int | None:
     for part in loc:
         if isinstance(node, yaml.MappingNode) and isinstance(part, str):
             match = next((v for k, v in node.value if k.value == part), None)
-        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
+        elif (
+            isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value)
+        ):
             match = node.value[part]
         else:
             match = None

@@ -84,10 +84,17 @@ class Pool:
             load=self.load(),
             replicas=[
                 ReplicaOut(
-                    replica_id=r.replica_id, url=r.url, model=r.model, slots=r.slots,
-                    busy=r.busy, free=r.free,
-                    health={"live": r.health.live, "ready": r.health.ready,
-                            "detail": r.health.detail},
+                    replica_id=r.replica_id,
+                    url=r.url,
+                    model=r.model,
+                    slots=r.slots,
+                    busy=r.busy,
+                    free=r.free,
+                    health={
+                        "live": r.health.live,
+                        "ready": r.health.ready,
+                        "detail": r.health.detail,
+                    },
                 )
                 for r in self.replicas
             ],
@@ -164,5 +171,7 @@ def build_registry(specs: list[PoolSpec], settings: Settings) -> PoolRegistry:
             )
             for r in spec.replicas
         ]
-        pools.append(Pool(pool_id=spec.pool_id, engine=spec.engine, tags=spec.tags, replicas=replicas))
+        pools.append(
+            Pool(pool_id=spec.pool_id, engine=spec.engine, tags=spec.tags, replicas=replicas)
+        )
     return PoolRegistry(pools)

@@ -14,7 +14,9 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 class SimSettings(BaseModel):
     tokens_per_s: float = Field(
-        default=50.0, ge=0, description="Token rate of the sim engine; 0 streams as fast as possible"
+        default=50.0,
+        ge=0,
+        description="Token rate of the sim engine; 0 streams as fast as possible",
     )
     eos_probability: float = Field(default=0.02, ge=0, le=1, description="Chance of EOS per token")
     slots: int = Field(default=8, ge=1, description="Concurrent requests of the sim replica")

@@ -25,7 +25,7 @@ EndedBefore = Callable[[int], Awaitable[bool]]
 def encode_frames(events: list[LogEvent], *, run_cursor: bool) -> bytes:
     parts = []
     for ev in events:
-        cursor = ev.run_seq if run_cursor else ev.seq
+        cursor = ev.run_seq if run_cursor else (ev.seq or 0)
         parts.append(b"id: %d\nevent: %s\ndata: %s\n\n" % (cursor, ev.type.encode(), ev.data))
     return b"".join(parts)
 
@@ -73,9 +73,16 @@ async def follow_step(
         return await step_ended_before(orch.db, step_id, cursor)
 
     try:
-        async for chunk in _follow(channel, read, from_seq, run_cursor=False,
-                                   batch=settings.read_batch, poll_s=settings.poll_s, state=state,
-                                   ended_before=ended_before):
+        async for chunk in _follow(
+            channel,
+            read,
+            from_seq,
+            run_cursor=False,
+            batch=settings.read_batch,
+            poll_s=settings.poll_s,
+            state=state,
+            ended_before=ended_before,
+        ):
             yield chunk
     finally:
         remaining = orch.hub.unsubscribe_step(step_id)
@@ -91,9 +98,15 @@ async def follow_run(orch: Orchestrator, run_id: str, from_run_seq: int) -> Asyn
         return await read_run_events(orch.db, run_id, cursor, limit)
 
     try:
-        async for chunk in _follow(channel, read, from_run_seq, run_cursor=True,
-                                   batch=settings.read_batch, poll_s=settings.poll_s,
-                                   state={"ended": False}):
+        async for chunk in _follow(
+            channel,
+            read,
+            from_run_seq,
+            run_cursor=True,
+            batch=settings.read_batch,
+            poll_s=settings.poll_s,
+            state={"ended": False},
+        ):
             yield chunk
     finally:
         orch.hub.unsubscribe_run(run_id)

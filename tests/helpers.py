@@ -27,14 +27,20 @@ async def make_run(client: httpx.AsyncClient, flow_id: str | None = None, **body
 
 
 async def submit(
-    client: httpx.AsyncClient, run_id: str, token: str = "t1", prompt: str = "hello",
+    client: httpx.AsyncClient,
+    run_id: str,
+    token: str = "t1",
+    prompt: str = "hello",
     **params: Any,
 ) -> httpx.Response:
     params.setdefault("max_tokens", 16)
     return await client.post(
         f"/v1/runs/{run_id}/steps",
-        json={"type": "llm_call", "client_token": token,
-              "input": {"prompt": prompt, "params": params}},
+        json={
+            "type": "llm_call",
+            "client_token": token,
+            "input": {"prompt": prompt, "params": params},
+        },
     )
 
 
@@ -62,7 +68,8 @@ def parse_sse(text: str) -> tuple[list[SseEvent], list[str]]:
         if "event" in fields or "data" in fields:
             events.append(
                 SseEvent(
-                    fields.get("id"), fields.get("event"),
+                    fields.get("id"),
+                    fields.get("event"),
                     orjson.loads(fields["data"]) if "data" in fields else None,
                 )
             )

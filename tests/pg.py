@@ -9,9 +9,7 @@ import uuid
 import asyncpg
 import pytest
 
-PG_ADMIN_URL = os.environ.get(
-    "ORCHESTRATORD_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test"
-)
+PG_ADMIN_URL = os.environ.get("ORCHESTRATORD_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
 
 
 def _dsn(url: str) -> str:

@@ -1,8 +1,8 @@
 """Errors an adapter may raise; an engine library's own exceptions never leave its module.
 
-    AdapterError            retriable flag; the orchestrator maps it to ENGINE_ERROR
-    ├── EngineUnavailable   the engine cannot be reached (POOL_UNAVAILABLE, retriable)
-    └── EngineFailure       the engine answered with an error or broke the protocol
+AdapterError            retriable flag; the orchestrator maps it to ENGINE_ERROR
+├── EngineUnavailable   the engine cannot be reached (POOL_UNAVAILABLE, retriable)
+└── EngineFailure       the engine answered with an error or broke the protocol
 """
 
 from __future__ import annotations

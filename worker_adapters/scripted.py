@@ -58,6 +58,9 @@ class ScriptedAdapter(WorkerAdapter):
 
     async def capabilities(self) -> Capabilities:
         return Capabilities(
-            engine="scripted", engine_version="1", model="scripted", model_hash="sha256:" + "0" * 64,
+            engine="scripted",
+            engine_version="1",
+            model="scripted",
+            model_hash="sha256:" + "0" * 64,
             context_size=1024,
         )

@@ -60,11 +60,19 @@ class SimAdapter(WorkerAdapter):
         self.context_size = context_size
         self._cancelled: set[str] = set()
         self._active: set[str] = set()
-        identity = {"engine": "sim", "version": SIM_VERSION, "vocab": VOCAB,
-                    "eos_probability": self.eos_probability, "model": model}
-        self.model_hash = "sha256:" + hashlib.sha256(
-            json.dumps(identity, sort_keys=True, separators=(",", ":")).encode()
-        ).hexdigest()
+        identity = {
+            "engine": "sim",
+            "version": SIM_VERSION,
+            "vocab": VOCAB,
+            "eos_probability": self.eos_probability,
+            "model": model,
+        }
+        self.model_hash = (
+            "sha256:"
+            + hashlib.sha256(
+                json.dumps(identity, sort_keys=True, separators=(",", ":")).encode()
+            ).hexdigest()
+        )
 
     @property
     def active_requests(self) -> frozenset[str]:

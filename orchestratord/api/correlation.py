@@ -8,7 +8,6 @@ import re
 import uuid
 
 import orjson
-
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 HEADER = "x-correlation-id"
@@ -41,7 +40,9 @@ class CorrelationIdMiddleware:
 
         async def send_with_id(message: Message) -> None:
             if message["type"] == "http.response.start":
-                headers = [h for h in message.get("headers", []) if h[0].lower() != b"x-correlation-id"]
+                headers = [
+                    h for h in message.get("headers", []) if h[0].lower() != b"x-correlation-id"
+                ]
                 headers.append((b"x-correlation-id", raw))
                 message["headers"] = headers
             await send(message)
@@ -62,16 +63,26 @@ class CorrelationIdMiddleware:
             logging.getLogger("orchestratord.api").exception("unhandled error")
             if started:
                 raise
-            body = orjson.dumps({
-                "code": "INTERNAL",
-                "message": "internal error; the correlation id locates it in the logs",
-                "retriable": True, "retry_after_ms": None, "details": {}, "correlation_id": cid,
-            })
-            await send_with_id({
-                "type": "http.response.start", "status": 500,
-                "headers": [(b"content-type", b"application/json"),
-                            (b"content-length", str(len(body)).encode())],
-            })
+            body = orjson.dumps(
+                {
+                    "code": "INTERNAL",
+                    "message": "internal error; the correlation id locates it in the logs",
+                    "retriable": True,
+                    "retry_after_ms": None,
+                    "details": {},
+                    "correlation_id": cid,
+                }
+            )
+            await send_with_id(
+                {
+                    "type": "http.response.start",
+                    "status": 500,
+                    "headers": [
+                        (b"content-type", b"application/json"),
+                        (b"content-length", str(len(body)).encode()),
+                    ],
+                }
+            )
             await send_with_id({"type": "http.response.body", "body": body})
         finally:
             correlation_id.reset(token)

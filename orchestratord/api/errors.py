@@ -7,11 +7,11 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from orchestratord.api.responses import JsonResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from orchestrator_core import errors as E
 from orchestratord.api.correlation import correlation_id
+from orchestratord.api.responses import JsonResponse
 
 log = logging.getLogger(__name__)
 
@@ -61,8 +61,10 @@ async def on_validation_error(_request: Request, exc: Exception) -> JsonResponse
     assert isinstance(exc, RequestValidationError)
     errors = list(exc.errors())
     if any(e.get("type") == "json_invalid" for e in errors):
-        msg = next(e for e in errors if e.get("type") == "json_invalid").get("ctx", {}).get(
-            "error", "malformed JSON"
+        msg = (
+            next(e for e in errors if e.get("type") == "json_invalid")
+            .get("ctx", {})
+            .get("error", "malformed JSON")
         )
         return error_response(400, E.InvalidParams(f"malformed JSON: {msg}", field="body").body())
     fields = [{"field": _field(tuple(e["loc"])), "message": e["msg"]} for e in errors]
@@ -81,11 +83,18 @@ async def on_validation_error(_request: Request, exc: Exception) -> JsonResponse
 
 async def on_http_error(_request: Request, exc: Exception) -> JsonResponse:
     assert isinstance(exc, StarletteHTTPException)
-    code = _HTTP_CODES.get(exc.status_code, "INTERNAL" if exc.status_code >= 500 else "INVALID_PARAMS")
+    code = _HTTP_CODES.get(
+        exc.status_code, "INTERNAL" if exc.status_code >= 500 else "INVALID_PARAMS"
+    )
     return error_response(
         exc.status_code,
-        {"code": code, "message": str(exc.detail), "retriable": False, "retry_after_ms": None,
-         "details": {}},
+        {
+            "code": code,
+            "message": str(exc.detail),
+            "retriable": False,
+            "retry_after_ms": None,
+            "details": {},
+        },
         headers=dict(exc.headers) if exc.headers else None,
     )
 

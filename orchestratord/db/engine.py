@@ -15,13 +15,18 @@ from typing import Any
 
 from sqlalchemy import event
 from sqlalchemy.engine import make_url
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
+from sqlalchemy.ext.asyncio import (
+    AsyncEngine,
+    AsyncSession,
+    async_sessionmaker,
+    create_async_engine,
+)
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 
 
 def to_async_url(url: str) -> str:
-    """Accept the URLs users write (``sqlite:///x``, ``postgresql://...``) and pick async drivers."""
+    """Take the URLs users write (``sqlite:///x``, ``postgresql://...``); pick async drivers."""
     parsed = make_url(url)
     backend = parsed.get_backend_name()
     if backend == "sqlite":

@@ -5,11 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 
+from alembic import command
 from orchestratord.db.engine import Database
 
 ALEMBIC_DIR = Path(__file__).resolve().parents[2] / "alembic"

@@ -32,12 +32,15 @@ async def emit_fact(tx: Tx, *, run_id: str, body: FactCreate) -> Fact:
         errors = sorted(Draft202012Validator(schema).iter_errors(data), key=lambda e: e.path)
         if errors:
             details = [
-                {"field": ".".join(["data", *(str(p) for p in e.absolute_path)]),
-                 "message": e.message}
+                {
+                    "field": ".".join(["data", *(str(p) for p in e.absolute_path)]),
+                    "message": e.message,
+                }
                 for e in errors
             ]
-            raise InvalidParams(details[0]["message"], field=details[0]["field"],
-                                details={"errors": details})
+            raise InvalidParams(
+                details[0]["message"], field=details[0]["field"], details={"errors": details}
+            )
     if body.step_id is not None:
         step = await session.get(Step, body.step_id)
         if step is None or step.run_id != run_id:
@@ -53,12 +56,23 @@ async def emit_fact(tx: Tx, *, run_id: str, body: FactCreate) -> Fact:
     )
     session.add(fact)
     await session.flush()
-    await tx.append_events([
-        make_event(run_id, None, None, "fact", {
-            "fact_id": fact.fact_id, "fact_type": fact.type, "data": data,
-            "schema_uri": fact.schema_uri, "emitted_by_step": fact.emitted_by_step,
-        })
-    ])
+    await tx.append_events(
+        [
+            make_event(
+                run_id,
+                None,
+                None,
+                "fact",
+                {
+                    "fact_id": fact.fact_id,
+                    "fact_type": fact.type,
+                    "data": data,
+                    "schema_uri": fact.schema_uri,
+                    "emitted_by_step": fact.emitted_by_step,
+                },
+            )
+        ]
+    )
     return fact
 
 
@@ -107,7 +121,13 @@ async def list_checkpoints(session: AsyncSession, *, run_id: str) -> Sequence[Ch
     if await session.get(Run, run_id) is None:
         raise NotFound("run", run_id)
     return (
-        await session.execute(
-            sa.select(Checkpoint).where(Checkpoint.run_id == run_id).order_by(Checkpoint.checkpoint_id)
+        (
+            await session.execute(
+                sa.select(Checkpoint)
+                .where(Checkpoint.run_id == run_id)
+                .order_by(Checkpoint.checkpoint_id)
+            )
         )
-    ).scalars().all()
+        .scalars()
+        .all()
+    )

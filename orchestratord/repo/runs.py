@@ -74,11 +74,25 @@ async def get_run(session: AsyncSession, *, run_id: str, lock: bool = False) -> 
 
 def run_view(run: Run) -> dict[str, Any]:
     return {
-        **{c: getattr(run, c) for c in (
-            "run_id", "flow_id", "mode", "seed", "source_run_id", "status", "budgets", "policy",
-            "pool_policy", "fs_policy", "cancel_on_disconnect", "step_count", "created_at",
-            "updated_at",
-        )},
+        **{
+            c: getattr(run, c)
+            for c in (
+                "run_id",
+                "flow_id",
+                "mode",
+                "seed",
+                "source_run_id",
+                "status",
+                "budgets",
+                "policy",
+                "pool_policy",
+                "fs_policy",
+                "cancel_on_disconnect",
+                "step_count",
+                "created_at",
+                "updated_at",
+            )
+        },
         "usage": {
             "tokens_in": run.tokens_in_used,
             "tokens_out": run.tokens_out_used,
@@ -95,16 +109,20 @@ async def cancel_run(tx: Tx, *, run_id: str) -> tuple[str, list[str]]:
     if status.terminal or status is RunStatus.CANCELLING:
         return run.status, []
     steps = (
-        await session.execute(
-            sa.select(Step)
-            .where(
-                Step.run_id == run_id,
-                Step.status.in_([StepStatus.QUEUED.value, StepStatus.RUNNING.value]),
+        (
+            await session.execute(
+                sa.select(Step)
+                .where(
+                    Step.run_id == run_id,
+                    Step.status.in_([StepStatus.QUEUED.value, StepStatus.RUNNING.value]),
+                )
+                .order_by(Step.step_id)
+                .with_for_update(key_share=True)
             )
-            .order_by(Step.step_id)
-            .with_for_update(key_share=True)
         )
-    ).scalars().all()
+        .scalars()
+        .all()
+    )
     running: list[str] = []
     for step in steps:
         if step.status == StepStatus.QUEUED.value:

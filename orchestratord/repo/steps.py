@@ -146,14 +146,34 @@ def step_view(step: Step) -> dict[str, Any]:
     if status == StepStatus.RUNNING.value and step.cancel_requested:
         status = "cancelling"
     return {
-        **{c: getattr(step, c) for c in (
-            "step_id", "run_id", "position", "type", "client_token", "cancel_requested", "input",
-            "budgets", "placement", "pool_id", "replica_id", "output", "provenance", "error",
-            "created_at", "started_at", "ended_at",
-        )},
+        **{
+            c: getattr(step, c)
+            for c in (
+                "step_id",
+                "run_id",
+                "position",
+                "type",
+                "client_token",
+                "cancel_requested",
+                "input",
+                "budgets",
+                "placement",
+                "pool_id",
+                "replica_id",
+                "output",
+                "provenance",
+                "error",
+                "created_at",
+                "started_at",
+                "ended_at",
+            )
+        },
         "status": status,
-        "usage": {"tokens_in": step.tokens_in, "tokens_out": step.tokens_out,
-                  "cost_usd": step.cost_usd},
+        "usage": {
+            "tokens_in": step.tokens_in,
+            "tokens_out": step.tokens_out,
+            "cost_usd": step.cost_usd,
+        },
     }
 
 
@@ -165,11 +185,20 @@ async def cancel_step_row(tx: Tx, *, step: Step) -> None:
     step.output = {"text": "", "token_ids": [], "stop_reason": "cancelled"}
     order = EventOrder()
     events = [
-        make_event(step.run_id, step.step_id, order.accept(EventType.STARTED), "started",
-                   {"pool_id": step.pool_id, "replica_id": None, "engine": None}),
-        make_event(step.run_id, step.step_id, order.accept(EventType.END), "end",
-                   {"stop_reason": "cancelled", "tokens_in": 0, "tokens_out": 0,
-                    "provenance": None}),
+        make_event(
+            step.run_id,
+            step.step_id,
+            order.accept(EventType.STARTED),
+            "started",
+            {"pool_id": step.pool_id, "replica_id": None, "engine": None},
+        ),
+        make_event(
+            step.run_id,
+            step.step_id,
+            order.accept(EventType.END),
+            "end",
+            {"stop_reason": "cancelled", "tokens_in": 0, "tokens_out": 0, "provenance": None},
+        ),
     ]
     await tx.append_events(events)
 
@@ -202,7 +231,7 @@ async def claim_queued(
             .with_for_update(of=Step, skip_locked=True)
         )
     ).all()
-    return [tuple(r) for r in rows]  # type: ignore[misc]
+    return [tuple(r) for r in rows]
 
 
 async def mark_running(session: AsyncSession, *, step_id: str, replica_id: str) -> None:
@@ -236,7 +265,9 @@ async def cancel_requested_among(session: AsyncSession, *, step_ids: list[str]) 
 async def settle_run_after_step(session: AsyncSession, *, run_id: str) -> None:
     """A cancelling run becomes cancelled when its last live step has ended."""
     run = (
-        await session.execute(sa.select(Run).where(Run.run_id == run_id).with_for_update(key_share=True))
+        await session.execute(
+            sa.select(Run).where(Run.run_id == run_id).with_for_update(key_share=True)
+        )
     ).scalar_one()
     if run.status != RunStatus.CANCELLING.value:
         return

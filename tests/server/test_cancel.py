@@ -36,7 +36,7 @@ async def test_cancel_running_step(live: httpx.AsyncClient, orch: Orchestrator) 
     events, _ = parse_sse(buf)
     assert events[-1].event == "end"
     assert events[-1].data and events[-1].data["stop_reason"] == "cancelled"
-    assert all(e.event != "token" for e in events[events.index(events[-1]):][1:])
+    assert all(e.event != "token" for e in events[events.index(events[-1]) :][1:])
     step = await wait_status(live, step_id, "cancelled")
     n_tokens = sum(1 for e in events if e.event == "token")
     assert step["usage"]["tokens_out"] == n_tokens < 1000
@@ -68,8 +68,10 @@ async def test_cancel_before_start(live: httpx.AsyncClient, orch: Orchestrator) 
 async def test_cancel_run(live: httpx.AsyncClient, orch: Orchestrator) -> None:
     _slow(orch, rate=20.0, slots=2)
     run_id = await make_run(live)
-    ids = [(await submit(live, run_id, token=f"s{i}", max_tokens=1000)).json()["step_id"]
-           for i in range(4)]
+    ids = [
+        (await submit(live, run_id, token=f"s{i}", max_tokens=1000)).json()["step_id"]
+        for i in range(4)
+    ]
     for sid in ids[:2]:
         await wait_status(live, sid, "running")
     r = await live.post(f"/v1/runs/{run_id}/cancel")
@@ -103,8 +105,10 @@ async def test_replica_never_exceeds_its_slots(live: httpx.AsyncClient, orch: Or
             await asyncio.sleep(0.002)
 
     watcher = asyncio.create_task(watch())
-    ids = [(await submit(live, run_id, token=f"t{i}", max_tokens=20)).json()["step_id"]
-           for i in range(9)]
+    ids = [
+        (await submit(live, run_id, token=f"t{i}", max_tokens=20)).json()["step_id"]
+        for i in range(9)
+    ]
     pools = (await live.get("/v1/pools")).json()
     assert pools[0]["load"]["slots_busy"] <= 3
     for sid in ids:

@@ -10,7 +10,9 @@ ERROR_KEYS = {"code", "message", "retriable", "retry_after_ms", "details", "corr
 
 
 async def test_malformed_json_is_400(client: httpx.AsyncClient) -> None:
-    r = await client.post("/v1/flows", content=b'{"ast": ', headers={"content-type": "application/json"})
+    r = await client.post(
+        "/v1/flows", content=b'{"ast": ', headers={"content-type": "application/json"}
+    )
     assert r.status_code == 400
     body = r.json()
     assert set(body) == ERROR_KEYS
@@ -27,10 +29,10 @@ async def test_unknown_route_is_404_with_body(client: httpx.AsyncClient) -> None
 
 async def test_correlation_id_echoed_everywhere(client: httpx.AsyncClient) -> None:
     cid = "req-1234"
-    for method, path in (("GET", "/v1/pools"), ("GET", "/v1/runs/nope"),
-                         ("POST", "/v1/flows")):
-        r = await client.request(method, path, headers={"X-Correlation-Id": cid},
-                                 json={} if method == "POST" else None)
+    for method, path in (("GET", "/v1/pools"), ("GET", "/v1/runs/nope"), ("POST", "/v1/flows")):
+        r = await client.request(
+            method, path, headers={"X-Correlation-Id": cid}, json={} if method == "POST" else None
+        )
         assert r.headers["x-correlation-id"] == cid
         if r.status_code >= 400:
             assert r.json()["correlation_id"] == cid

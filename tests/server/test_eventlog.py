@@ -29,8 +29,13 @@ async def test_concurrent_steps_and_facts_keep_both_logs_gap_free(
     for sid in step_ids:
         await wait_status(client, sid, "succeeded")
     async with orch.db.read() as s:
-        rows = (await s.execute(sa.select(Event.run_seq, Event.step_id, Event.seq, Event.type)
-                                .where(Event.run_id == run_id).order_by(Event.run_seq))).all()
+        rows = (
+            await s.execute(
+                sa.select(Event.run_seq, Event.step_id, Event.seq, Event.type)
+                .where(Event.run_id == run_id)
+                .order_by(Event.run_seq)
+            )
+        ).all()
     assert [r.run_seq for r in rows] == list(range(len(rows)))
     assert len(rows) == 12 * 52 + 10
     for sid in step_ids:
@@ -41,8 +46,10 @@ async def test_concurrent_steps_and_facts_keep_both_logs_gap_free(
 async def test_writer_groups_commits(client: httpx.AsyncClient, orch: Orchestrator) -> None:
     run_id = await make_run(client)
     before = orch.writer.commits
-    ids = [(await submit(client, run_id, token=f"g{i}", max_tokens=200)).json()["step_id"]
-           for i in range(8)]
+    ids = [
+        (await submit(client, run_id, token=f"g{i}", max_tokens=200)).json()["step_id"]
+        for i in range(8)
+    ]
     for sid in ids:
         await wait_status(client, sid, "succeeded")
     events = 8 * 202

@@ -21,7 +21,9 @@ async def test_same_content_same_id(client: httpx.AsyncClient) -> None:
     assert first.json()["hash"].startswith("sha256:")
     # key order and 2.0 vs 2 do not change the content
     reordered = {"config": {"k": 1}, "tools": [TOOL], "ast": {"steps": [1, 2, "x"]}}
-    assert (await client.post("/v1/flows", json=reordered)).json()["flow_id"] == first.json()["flow_id"]
+    assert (await client.post("/v1/flows", json=reordered)).json()["flow_id"] == first.json()[
+        "flow_id"
+    ]
 
 
 async def test_changed_content_is_a_new_flow(client: httpx.AsyncClient) -> None:
@@ -31,8 +33,9 @@ async def test_changed_content_is_a_new_flow(client: httpx.AsyncClient) -> None:
 
 
 async def test_get_and_by_hash(client: httpx.AsyncClient) -> None:
-    created = (await client.post("/v1/flows", json={"ast": [1], "tools": [TOOL],
-                                                     "labels": {"team": "x"}})).json()
+    created = (
+        await client.post("/v1/flows", json={"ast": [1], "tools": [TOOL], "labels": {"team": "x"}})
+    ).json()
     got = (await client.get(f"/v1/flows/{created['flow_id']}")).json()
     assert got["ast"] == [1]
     assert got["tools"][0]["name"] == "search"
@@ -41,7 +44,9 @@ async def test_get_and_by_hash(client: httpx.AsyncClient) -> None:
     assert by_hash.status_code == 200
     assert by_hash.json()["flow_id"] == created["flow_id"]
     bare_hex = created["hash"].removeprefix("sha256:")
-    assert (await client.get(f"/v1/flows:by-hash/{bare_hex}")).json()["flow_id"] == created["flow_id"]
+    assert (await client.get(f"/v1/flows:by-hash/{bare_hex}")).json()["flow_id"] == created[
+        "flow_id"
+    ]
 
 
 async def test_unknown_flow_is_404(client: httpx.AsyncClient) -> None:
@@ -78,7 +83,10 @@ async def test_bad_executor(client: httpx.AsyncClient) -> None:
 
 
 async def test_out_of_range_integer_is_bad_input(client: httpx.AsyncClient) -> None:
-    r = await client.post("/v1/flows", content=b'{"ast": {"n": 100000000000000000000000}}',
-                          headers={"content-type": "application/json"})
+    r = await client.post(
+        "/v1/flows",
+        content=b'{"ast": {"n": 100000000000000000000000}}',
+        headers={"content-type": "application/json"},
+    )
     assert r.status_code == 422
     assert r.json()["details"]["errors"][0]["field"] == "ast.n"

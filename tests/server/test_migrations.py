@@ -22,8 +22,10 @@ async def test_upgrade_downgrade_and_no_drift(db_url: str) -> None:
         await downgrade(db, "base")
         assert await current_revision(db) is None
         await upgrade(db)
-        assert await current_revision(db) == ScriptDirectory.from_config(
-            alembic_config()).get_current_head()
+        assert (
+            await current_revision(db)
+            == ScriptDirectory.from_config(alembic_config()).get_current_head()
+        )
 
         def diff(sync_conn: Any) -> list[Any]:
             return compare_metadata(MigrationContext.configure(sync_conn), Base.metadata)

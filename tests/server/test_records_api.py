@@ -4,17 +4,25 @@ import httpx
 
 from tests.helpers import make_flow, make_run, submit, wait_status
 
-SCHEMAS = {"fact_schemas": {"score": {"type": "object",
-                                      "properties": {"value": {"type": "number"}},
-                                      "required": ["value"]}}}
+SCHEMAS = {
+    "fact_schemas": {
+        "score": {
+            "type": "object",
+            "properties": {"value": {"type": "number"}},
+            "required": ["value"],
+        }
+    }
+}
 
 
 async def test_facts_append_filter_and_page(client: httpx.AsyncClient) -> None:
     run_id = await make_run(client)
     ids = []
     for i in range(5):
-        r = await client.post(f"/v1/runs/{run_id}/facts",
-                              json={"type": "even" if i % 2 == 0 else "odd", "data": {"i": i}})
+        r = await client.post(
+            f"/v1/runs/{run_id}/facts",
+            json={"type": "even" if i % 2 == 0 else "odd", "data": {"i": i}},
+        )
         assert r.status_code == 201, r.text
         ids.append(r.json()["fact_id"])
     all_facts = (await client.get(f"/v1/runs/{run_id}/facts")).json()
@@ -27,8 +35,9 @@ async def test_facts_append_filter_and_page(client: httpx.AsyncClient) -> None:
     cursor = page1.headers["X-Next-After"]
     page2 = await client.get(f"/v1/runs/{run_id}/facts", params={"limit": 2, "after": cursor})
     assert [f["data"]["i"] for f in page2.json()] == [2, 3]
-    last = await client.get(f"/v1/runs/{run_id}/facts",
-                            params={"after": page2.headers["X-Next-After"]})
+    last = await client.get(
+        f"/v1/runs/{run_id}/facts", params={"after": page2.headers["X-Next-After"]}
+    )
     assert [f["data"]["i"] for f in last.json()] == [4]
     assert "X-Next-After" not in last.headers
     bad = await client.get(f"/v1/runs/{run_id}/facts", params={"after": "fact_nope"})
@@ -39,11 +48,13 @@ async def test_facts_append_filter_and_page(client: httpx.AsyncClient) -> None:
 async def test_facts_are_validated_against_flow_schemas(client: httpx.AsyncClient) -> None:
     flow_id = await make_flow(client, config=SCHEMAS)
     run_id = await make_run(client, flow_id)
-    ok = await client.post(f"/v1/runs/{run_id}/facts",
-                           json={"type": "score", "data": {"value": 0.5}})
+    ok = await client.post(
+        f"/v1/runs/{run_id}/facts", json={"type": "score", "data": {"value": 0.5}}
+    )
     assert ok.status_code == 201
-    bad = await client.post(f"/v1/runs/{run_id}/facts",
-                            json={"type": "score", "data": {"value": "high"}})
+    bad = await client.post(
+        f"/v1/runs/{run_id}/facts", json={"type": "score", "data": {"value": "high"}}
+    )
     assert bad.status_code == 422
     assert bad.json()["details"]["errors"][0]["field"] == "data.value"
     missing = await client.post(f"/v1/runs/{run_id}/facts", json={"type": "score", "data": {}})
@@ -55,22 +66,26 @@ async def test_facts_are_validated_against_flow_schemas(client: httpx.AsyncClien
 async def test_fact_from_a_step(client: httpx.AsyncClient) -> None:
     run_id = await make_run(client)
     step_id = (await submit(client, run_id)).json()["step_id"]
-    r = await client.post(f"/v1/runs/{run_id}/facts",
-                          json={"type": "t", "data": 1, "step_id": step_id, "schema_uri": "urn:x"})
+    r = await client.post(
+        f"/v1/runs/{run_id}/facts",
+        json={"type": "t", "data": 1, "step_id": step_id, "schema_uri": "urn:x"},
+    )
     assert r.status_code == 201
     assert r.json()["emitted_by_step"] == step_id
     assert r.json()["schema_uri"] == "urn:x"
     other = await make_run(client)
-    r = await client.post(f"/v1/runs/{other}/facts",
-                          json={"type": "t", "data": 1, "step_id": step_id})
+    r = await client.post(
+        f"/v1/runs/{other}/facts", json={"type": "t", "data": 1, "step_id": step_id}
+    )
     assert r.status_code == 422
     assert r.json()["details"]["errors"][0]["field"] == "step_id"
 
 
 async def test_facts_have_no_update_or_delete(client: httpx.AsyncClient) -> None:
     run_id = await make_run(client)
-    fact_id = (await client.post(f"/v1/runs/{run_id}/facts",
-                                 json={"type": "t", "data": 1})).json()["fact_id"]
+    fact_id = (await client.post(f"/v1/runs/{run_id}/facts", json={"type": "t", "data": 1})).json()[
+        "fact_id"
+    ]
     for method in ("PUT", "PATCH", "DELETE"):
         r = await client.request(method, f"/v1/runs/{run_id}/facts/{fact_id}")
         assert r.status_code in (404, 405)
@@ -84,14 +99,17 @@ async def test_checkpoints(client: httpx.AsyncClient) -> None:
     step_id = (await submit(client, run_id)).json()["step_id"]
     await wait_status(client, step_id, "succeeded")
     a = await client.post(f"/v1/runs/{run_id}/checkpoint", json={"state": {"pc": 1, "vars": {}}})
-    b = await client.post(f"/v1/runs/{run_id}/checkpoint",
-                          json={"state": {"vars": {}, "pc": 1.0}, "step_id": step_id})
+    b = await client.post(
+        f"/v1/runs/{run_id}/checkpoint", json={"state": {"vars": {}, "pc": 1.0}, "step_id": step_id}
+    )
     assert a.status_code == 201 and b.status_code == 201
     assert a.json()["state_hash"] == b.json()["state_hash"]  # same state, canonical hash
     assert b.json()["step_id"] == step_id
     listed = (await client.get(f"/v1/runs/{run_id}/checkpoints")).json()
-    assert [c["checkpoint_id"] for c in listed] == [a.json()["checkpoint_id"],
-                                                    b.json()["checkpoint_id"]]
+    assert [c["checkpoint_id"] for c in listed] == [
+        a.json()["checkpoint_id"],
+        b.json()["checkpoint_id"],
+    ]
     assert listed[0]["state"] == {"pc": 1, "vars": {}}
     bad = await client.post(f"/v1/runs/{run_id}/checkpoint", json={"state": [1]})
     assert bad.status_code == 422

@@ -9,9 +9,13 @@ async def test_create_and_get_run(client: httpx.AsyncClient) -> None:
     flow_id = await make_flow(client)
     r = await client.post(
         f"/v1/flows/{flow_id}/runs",
-        json={"seed": 9, "budgets": {"max_tokens_out": 100}, "pool_policy": {"pin": "local"},
-              "policy": {"rules": [{"id": "r1", "effect": "deny", "match": {"tool": "rm"}}]},
-              "fs_policy": {"roots": ["/tmp/x"], "quota_files": 3}},
+        json={
+            "seed": 9,
+            "budgets": {"max_tokens_out": 100},
+            "pool_policy": {"pin": "local"},
+            "policy": {"rules": [{"id": "r1", "effect": "deny", "match": {"tool": "rm"}}]},
+            "fs_policy": {"roots": ["/tmp/x"], "quota_files": 3},
+        },
     )
     assert r.status_code == 201, r.text
     run = r.json()
@@ -42,8 +46,9 @@ async def test_replay_needs_source(client: httpx.AsyncClient) -> None:
     r = await client.post(f"/v1/flows/{flow_id}/runs", json={"mode": "replay"})
     assert r.status_code == 422
     assert "source_run_id" in r.json()["message"]
-    r = await client.post(f"/v1/flows/{flow_id}/runs",
-                          json={"mode": "strict_replay", "source_run_id": "run_nope"})
+    r = await client.post(
+        f"/v1/flows/{flow_id}/runs", json={"mode": "strict_replay", "source_run_id": "run_nope"}
+    )
     assert r.status_code == 422
     assert r.json()["details"]["errors"][0]["field"] == "source_run_id"
 
@@ -68,8 +73,9 @@ async def test_pin_to_unknown_pool(client: httpx.AsyncClient) -> None:
     r = await client.post(f"/v1/flows/{flow_id}/runs", json={"pool_policy": {"pin": "gpu-z"}})
     assert r.status_code == 422
     assert r.json()["details"]["errors"][0]["field"] == "pool_policy.pin"
-    r = await client.post(f"/v1/flows/{flow_id}/runs",
-                          json={"pool_policy": {"affinity": {"gpu": "h100"}}})
+    r = await client.post(
+        f"/v1/flows/{flow_id}/runs", json={"pool_policy": {"affinity": {"gpu": "h100"}}}
+    )
     assert r.status_code == 422
     assert r.json()["details"]["errors"][0]["field"] == "pool_policy.affinity"
 

@@ -28,12 +28,28 @@ def _free_port() -> int:
 @pytest.fixture
 def server(db_url: str, tmp_path: Path) -> Iterator[str]:
     port = _free_port()
-    env = {**os.environ, "ORCHESTRATORD_SIM__TOKENS_PER_S": "500",
-           "ORCHESTRATORD_SIM__EOS_PROBABILITY": "0"}
+    env = {
+        **os.environ,
+        "ORCHESTRATORD_SIM__TOKENS_PER_S": "500",
+        "ORCHESTRATORD_SIM__EOS_PROBABILITY": "0",
+    }
     proc = subprocess.Popen(
-        [sys.executable, "-m", "orchestratord", "serve", "--engine", "sim", "--port", str(port),
-         "--database-url", db_url],
-        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        [
+            sys.executable,
+            "-m",
+            "orchestratord",
+            "serve",
+            "--engine",
+            "sim",
+            "--port",
+            str(port),
+            "--database-url",
+            db_url,
+        ],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
     )
     base = f"http://127.0.0.1:{port}"
     try:
@@ -64,8 +80,10 @@ def server(db_url: str, tmp_path: Path) -> Iterator[str]:
 def _raw_sse(port: int, path: str, headers: str = "") -> tuple[str, str]:
     """GET over a bare socket: (head, body) with chunked encoding undone."""
     with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
-        sock.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\nAccept: text/event-stream\r\n"
-                     f"{headers}Connection: close\r\n\r\n".encode())
+        sock.sendall(
+            f"GET {path} HTTP/1.1\r\nHost: x\r\nAccept: text/event-stream\r\n"
+            f"{headers}Connection: close\r\n\r\n".encode()
+        )
         data = b""
         while chunk := sock.recv(65536):
             data += chunk
@@ -77,7 +95,7 @@ def _raw_sse(port: int, path: str, headers: str = "") -> tuple[str, str]:
         if size == 0:
             break
         body += rest[:size]
-        raw = rest[size + 2:]
+        raw = rest[size + 2 :]
     return head.decode(), body.decode()
 
 
@@ -85,9 +103,14 @@ def test_serve_streams_over_a_socket(server: str) -> None:
     with httpx.Client(base_url=server, timeout=30) as c:
         flow = c.post("/v1/flows", json={"ast": {"p": 1}}).json()
         run = c.post(f"/v1/flows/{flow['flow_id']}/runs", json={"seed": 3}).json()
-        step = c.post(f"/v1/runs/{run['run_id']}/steps",
-                      json={"type": "llm_call", "client_token": "a",
-                            "input": {"prompt": "hi", "params": {"max_tokens": 40}}}).json()
+        step = c.post(
+            f"/v1/runs/{run['run_id']}/steps",
+            json={
+                "type": "llm_call",
+                "client_token": "a",
+                "input": {"prompt": "hi", "params": {"max_tokens": 40}},
+            },
+        ).json()
     port = int(server.rsplit(":", 1)[1])
     head, body = _raw_sse(port, f"/v1/steps/{step['step_id']}/stream")
     assert head.startswith("HTTP/1.1 200")

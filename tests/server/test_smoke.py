@@ -11,6 +11,6 @@ async def test_step_streams_to_end(client: httpx.AsyncClient) -> None:
     assert r.status_code == 202
     step_id = r.json()["step_id"]
     events = await read_stream(client, f"/v1/steps/{step_id}/stream")
-    assert [e.event for e in events][0] == "started"
+    assert events[0].event == "started"
     assert events[-1].event == "end"
     assert [int(e.id or -1) for e in events] == list(range(len(events)))

@@ -24,8 +24,18 @@ async def test_step_record_has_output_usage_and_provenance(client: httpx.AsyncCl
     assert len(step["output"]["token_ids"]) == 12
     prov = step["provenance"]
     assert set(prov) == {
-        "seed", "prompt_hash", "params_hash", "engine", "engine_version", "model_hash",
-        "pool_id", "replica_id", "tokens_in", "tokens_out", "cost_usd", "decode_time_ms",
+        "seed",
+        "prompt_hash",
+        "params_hash",
+        "engine",
+        "engine_version",
+        "model_hash",
+        "pool_id",
+        "replica_id",
+        "tokens_in",
+        "tokens_out",
+        "cost_usd",
+        "decode_time_ms",
     }
     assert prov["seed"] == 5
     assert HASH.match(prov["prompt_hash"]) and HASH.match(prov["params_hash"])
@@ -59,9 +69,14 @@ async def test_messages_input(client: httpx.AsyncClient) -> None:
     run_id = await make_run(client)
     r = await client.post(
         f"/v1/runs/{run_id}/steps",
-        json={"type": "llm_call", "client_token": "m",
-              "input": {"messages": [{"role": "user", "content": "hi"}],
-                        "params": {"max_tokens": 4, "stop": ["zzz"]}}},
+        json={
+            "type": "llm_call",
+            "client_token": "m",
+            "input": {
+                "messages": [{"role": "user", "content": "hi"}],
+                "params": {"max_tokens": 4, "stop": ["zzz"]},
+            },
+        },
     )
     assert r.status_code == 202, r.text
     step = await wait_status(client, r.json()["step_id"], "succeeded")
@@ -90,11 +105,18 @@ async def test_sixteen_concurrent_repeats_run_once(
     (step_id,) = ids
     await wait_status(client, step_id, "succeeded")
     async with orch.db.read() as s:
-        n_steps = (await s.execute(sa.select(sa.func.count()).select_from(Step)
-                                   .where(Step.run_id == run_id))).scalar_one()
-        n_started = (await s.execute(sa.select(sa.func.count()).select_from(Event)
-                                     .where(Event.step_id == step_id,
-                                            Event.type == "started"))).scalar_one()
+        n_steps = (
+            await s.execute(
+                sa.select(sa.func.count()).select_from(Step).where(Step.run_id == run_id)
+            )
+        ).scalar_one()
+        n_started = (
+            await s.execute(
+                sa.select(sa.func.count())
+                .select_from(Event)
+                .where(Event.step_id == step_id, Event.type == "started")
+            )
+        ).scalar_one()
     assert n_steps == 1
     assert n_started == 1
 
@@ -134,8 +156,10 @@ async def test_bad_llm_input_names_field(
     client: httpx.AsyncClient, step_input: dict[str, object], field: str
 ) -> None:
     run_id = await make_run(client)
-    r = await client.post(f"/v1/runs/{run_id}/steps",
-                          json={"type": "llm_call", "client_token": "x", "input": step_input})
+    r = await client.post(
+        f"/v1/runs/{run_id}/steps",
+        json={"type": "llm_call", "client_token": "x", "input": step_input},
+    )
     assert r.status_code == 422, r.text
     body = r.json()
     assert body["code"] == "INVALID_PARAMS"
@@ -167,8 +191,9 @@ async def test_other_step_types_answer_a_clear_error(
     client: httpx.AsyncClient, step_type: str
 ) -> None:
     run_id = await make_run(client)
-    r = await client.post(f"/v1/runs/{run_id}/steps",
-                          json={"type": step_type, "client_token": "x", "input": {}})
+    r = await client.post(
+        f"/v1/runs/{run_id}/steps", json={"type": step_type, "client_token": "x", "input": {}}
+    )
     assert r.status_code == 501
     body = r.json()
     assert body["code"] == "UNSUPPORTED"
@@ -179,22 +204,35 @@ async def test_other_step_types_answer_a_clear_error(
 async def test_replay_modes_answer_a_clear_error(client: httpx.AsyncClient) -> None:
     flow_id = await make_flow(client)
     source = await make_run(client, flow_id)
-    r = await client.post(f"/v1/flows/{flow_id}/runs",
-                          json={"mode": "replay", "source_run_id": source})
+    r = await client.post(
+        f"/v1/flows/{flow_id}/runs", json={"mode": "replay", "source_run_id": source}
+    )
     assert r.status_code == 501
     assert r.json()["details"]["field"] == "mode"
 
 
 async def test_placement_on_step(client: httpx.AsyncClient) -> None:
     run_id = await make_run(client)
-    r = await client.post(f"/v1/runs/{run_id}/steps",
-                          json={"type": "llm_call", "client_token": "p", "input": {"prompt": "a"},
-                                "placement": {"pin": "elsewhere"}})
+    r = await client.post(
+        f"/v1/runs/{run_id}/steps",
+        json={
+            "type": "llm_call",
+            "client_token": "p",
+            "input": {"prompt": "a"},
+            "placement": {"pin": "elsewhere"},
+        },
+    )
     assert r.status_code == 422
     assert r.json()["details"]["errors"][0]["field"] == "placement.pin"
-    r = await client.post(f"/v1/runs/{run_id}/steps",
-                          json={"type": "llm_call", "client_token": "q", "input": {"prompt": "a"},
-                                "placement": {"affinity": {"location": "local"}}})
+    r = await client.post(
+        f"/v1/runs/{run_id}/steps",
+        json={
+            "type": "llm_call",
+            "client_token": "q",
+            "input": {"prompt": "a"},
+            "placement": {"affinity": {"location": "local"}},
+        },
+    )
     assert r.status_code == 202
     step = await wait_status(client, r.json()["step_id"], "succeeded")
     assert step["pool_id"] == "local"

@@ -29,8 +29,9 @@ def assert_grammar(events: list[SseEvent]) -> None:
 async def test_live_stream_order_and_headers(live: httpx.AsyncClient) -> None:
     run_id = await make_run(live)
     step_id = (await submit(live, run_id, max_tokens=64)).json()["step_id"]
-    async with live.stream("GET", f"/v1/steps/{step_id}/stream",
-                           headers={"X-Correlation-Id": "abc-1"}) as r:
+    async with live.stream(
+        "GET", f"/v1/steps/{step_id}/stream", headers={"X-Correlation-Id": "abc-1"}
+    ) as r:
         assert r.status_code == 200
         assert r.headers["content-type"].startswith("text/event-stream")
         assert r.headers["cache-control"] == "no-cache"
@@ -49,10 +50,11 @@ async def test_last_event_id_resumes_exactly(live: httpx.AsyncClient, last_id: i
     run_id = await make_run(live)
     step_id = (await submit(live, run_id, max_tokens=64)).json()["step_id"]
     full = await read_stream(live, f"/v1/steps/{step_id}/stream")
-    resumed = await read_stream(live, f"/v1/steps/{step_id}/stream",
-                                headers={"Last-Event-ID": str(last_id)})
-    assert [e.id for e in resumed] == [e.id for e in full[last_id + 1:]]
-    assert [e.data for e in resumed] == [e.data for e in full[last_id + 1:]]
+    resumed = await read_stream(
+        live, f"/v1/steps/{step_id}/stream", headers={"Last-Event-ID": str(last_id)}
+    )
+    assert [e.id for e in resumed] == [e.id for e in full[last_id + 1 :]]
+    assert [e.data for e in resumed] == [e.data for e in full[last_id + 1 :]]
 
 
 async def test_bad_last_event_id(live: httpx.AsyncClient) -> None:
@@ -80,8 +82,9 @@ async def test_resume_mid_flight_has_no_gap_or_duplicate(db_url: str) -> None:
                     break
         events, _ = parse_sse(buf.rsplit("\n\n", 1)[0] + "\n\n")
         seen.extend(events)
-        rest = await read_stream(client, f"/v1/steps/{step_id}/stream",
-                                 headers={"Last-Event-ID": seen[-1].id or ""})
+        rest = await read_stream(
+            client, f"/v1/steps/{step_id}/stream", headers={"Last-Event-ID": seen[-1].id or ""}
+        )
         merged = seen + rest
         assert_grammar(merged)
         assert merged[-1].data and merged[-1].data["tokens_out"] == 120
@@ -115,7 +118,9 @@ async def test_slow_reader_loses_nothing(db_url: str) -> None:
     assert sum(1 for e in events if e.event == "token") == 400
 
 
-async def test_disconnect_releases_the_follower(live: httpx.AsyncClient, orch: Orchestrator) -> None:
+async def test_disconnect_releases_the_follower(
+    live: httpx.AsyncClient, orch: Orchestrator
+) -> None:
     orch.pools.pools["local"].replicas[0].adapter.tokens_per_s = 50.0  # type: ignore[attr-defined]
     run_id = await make_run(live)
     step_id = (await submit(live, run_id, max_tokens=200)).json()["step_id"]
@@ -179,8 +184,7 @@ async def test_run_stream_carries_steps_and_facts(live: httpx.AsyncClient) -> No
     assert got[7].data and got[7].data["data"] == {"x": 1}
     assert {e.data["step_id"] for e in got if e.data and e.event != "fact"} == {a, b}
     # resume the run stream after cursor 7
-    async with live.stream("GET", f"/v1/runs/{run_id}/stream",
-                           headers={"Last-Event-ID": "7"}) as r:
+    async with live.stream("GET", f"/v1/runs/{run_id}/stream", headers={"Last-Event-ID": "7"}) as r:
         buf = ""
         async for chunk in r.aiter_text():
             buf += chunk

@@ -32,8 +32,9 @@ async def list_facts(
     orch: Orchestrator = Depends(orchestrator),
 ) -> list[FactOut]:
     async with orch.db.read() as session:
-        facts = await repo.list_facts(session, run_id=run_id, fact_type=type, after=after,
-                                      limit=limit)
+        facts = await repo.list_facts(
+            session, run_id=run_id, fact_type=type, after=after, limit=limit
+        )
         out = [FactOut.model_validate(f, from_attributes=True) for f in facts]
     if len(out) == limit:
         response.headers["X-Next-After"] = out[-1].fact_id
@@ -41,7 +42,9 @@ async def list_facts(
 
 
 @router.post(
-    "/v1/runs/{run_id}/checkpoint", status_code=201, response_model=CheckpointOut,
+    "/v1/runs/{run_id}/checkpoint",
+    status_code=201,
+    response_model=CheckpointOut,
     tags=["checkpoints"],
 )
 async def create_checkpoint(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+
 from fastapi import APIRouter, Depends, Header, Query
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
@@ -27,7 +29,9 @@ def _resume_from(last_event_id: str | None, after: int | None) -> int:
         try:
             value = int(last_event_id.strip())
         except ValueError:
-            raise InvalidParams("must be an integer event id", field="header.Last-Event-ID") from None
+            raise InvalidParams(
+                "must be an integer event id", field="header.Last-Event-ID"
+            ) from None
         if value < -1:
             raise InvalidParams("must be >= -1", field="header.Last-Event-ID")
         return value + 1
@@ -36,7 +40,7 @@ def _resume_from(last_event_id: str | None, after: int | None) -> int:
     return 0
 
 
-def _response(orch: Orchestrator, body: object) -> EventSourceResponse:
+def _response(orch: Orchestrator, body: AsyncIterator[bytes]) -> EventSourceResponse:
     return EventSourceResponse(
         body,
         headers=SSE_HEADERS,
@@ -56,8 +60,9 @@ async def stream_step(
     async with orch.db.read() as session:
         step = await get_step(session, step_id=step_id)
         cancel_on_disconnect = step.cancel_on_disconnect
-    return _response(orch, follow_step(orch, step_id, start,
-                                       cancel_on_disconnect=cancel_on_disconnect))
+    return _response(
+        orch, follow_step(orch, step_id, start, cancel_on_disconnect=cancel_on_disconnect)
+    )
 
 
 @router.get("/v1/runs/{run_id}/stream", response_class=EventSourceResponse)

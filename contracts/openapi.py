@@ -1,0 +1,36 @@
+"""Export the OpenAPI document of the server: ``python -m contracts.openapi [--check]``.
+
+The document is committed as ``contracts/openapi.json``; ``--check`` fails when it drifted.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+PATH = Path(__file__).with_name("openapi.json")
+
+
+def render() -> str:
+    from orchestratord.api.app import create_app  # the server builds it; contracts keeps it
+
+    doc: dict[str, Any] = create_app().openapi()
+    return json.dumps(doc, indent=2, sort_keys=True) + "\n"
+
+
+def main(argv: list[str]) -> int:
+    text = render()
+    if "--check" in argv:
+        if not PATH.exists() or PATH.read_text() != text:
+            print(f"{PATH} is out of date: run python -m contracts.openapi", file=sys.stderr)
+            return 1
+        return 0
+    PATH.write_text(text)
+    print(f"wrote {PATH}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
