@@ -89,9 +89,7 @@ async def insert_events(session: AsyncSession, events: Sequence[LogEvent]) -> No
     )
 
 
-    rows: Sequence[Any],
-    rows: Sequence[sa.Row[Any]],
-) -> list[LogEvent]:
+def _rows_to_events(rows: Sequence[Any]) -> list[LogEvent]:
     return [LogEvent(r[0], r[2], r[3], r[4], r[5].encode(), run_seq=r[1]) for r in rows]
 
 
