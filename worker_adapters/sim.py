@@ -23,6 +23,7 @@ from worker_adapters.base import (
     Token,
     WorkerAdapter,
 )
+from worker_adapters.stops import StopMatcher
 
 SIM_VERSION = "1.0"
 _WORDS = (
@@ -105,9 +106,7 @@ class SimAdapter(WorkerAdapter):
             interval = 1.0 / self.tokens_per_s if self.tokens_per_s > 0 else 0.0
             loop = asyncio.get_running_loop()
             start = loop.time()
-            stops = tuple(st for st in request.stop if st)
-            emitted = ""  # text already yielded
-            held: list[Token] = []  # tokens that may begin a stop string
+            matcher = StopMatcher(request.stop)
             generated = 0
             sent = 0
             stop_reason = "length"
@@ -127,28 +126,13 @@ class SimAdapter(WorkerAdapter):
                     break
                 token_id = rng.randrange(len(VOCAB))
                 generated += 1
-                if not stops:
-                    sent += 1
-                    yield Token(text=VOCAB[token_id], token_id=token_id)
-                    continue
-                held.append(Token(text=VOCAB[token_id], token_id=token_id))
-                pending = "".join(t.text for t in held)
-                hit = _first_stop(emitted + pending, stops, len(emitted))
-                if hit is not None:
-                    for tok in _cut(held, hit - len(emitted)):
-                        sent += 1
-                        yield tok
-                    held = []
-                    stop_reason = "stop"
-                    break
-                safe = _safe_length(emitted + pending, stops) - len(emitted)
-                while held and len(held[0].text) <= safe:
-                    tok = held.pop(0)
-                    safe -= len(tok.text)
-                    emitted += tok.text
+                for tok in matcher.push(Token(text=VOCAB[token_id], token_id=token_id)):
                     sent += 1
                     yield tok
-            for tok in held:
+                if matcher.stopped:
+                    stop_reason = "stop"
+                    break
+            for tok in matcher.flush():
                 sent += 1
                 yield tok
             yield Finish(stop_reason=stop_reason, tokens_in=tokens_in, tokens_out=sent)
@@ -174,39 +158,3 @@ class SimAdapter(WorkerAdapter):
             features=("seed", "stop", "token_ids"),
             extra={"tokens_per_s": self.tokens_per_s},
         )
-
-
-def _cut(held: list[Token], upto: int) -> list[Token]:
-    """The held tokens truncated to their first ``upto`` characters (empty pieces dropped)."""
-    out = []
-    for tok in held:
-        if upto <= 0:
-            break
-        piece = tok.text[:upto]
-        out.append(Token(text=piece, token_id=tok.token_id))
-        upto -= len(tok.text)
-    return out
-
-
-def _safe_length(text: str, stops: tuple[str, ...]) -> int:
-    """Length of the prefix of ``text`` that no stop string can still begin in."""
-    safe = len(text)
-    for stop in stops:
-        for k in range(min(len(stop) - 1, len(text)), 0, -1):
-            if text.endswith(stop[:k]):
-                safe = min(safe, len(text) - k)
-                break
-    return safe
-
-
-def _first_stop(text: str, stops: tuple[str, ...], searched_upto: int) -> int | None:
-    """Index in ``text`` where the earliest stop string begins, at or after ``searched_upto``.
-
-    Text before ``searched_upto`` has been sent, and by construction no stop begins in it.
-    """
-    best: int | None = None
-    for stop in stops:
-        idx = text.find(stop, searched_upto)
-        if idx != -1 and (best is None or idx < best):
-            best = idx
-    return best

@@ -9,7 +9,7 @@ from typing import Any, cast
 
 import pytest
 
-from worker_adapters import sim as sim_mod
+from worker_adapters import stops as stops_mod
 from worker_adapters.base import (
     AdapterEvent,
     Capabilities,
@@ -261,7 +261,7 @@ async def unstopped_text(
     run; only the matching is switched off.
     """
     with monkeypatch.context() as m:
-        m.setattr(sim_mod, "_first_stop", lambda *args: None)
+        m.setattr(stops_mod, "_first_stop", lambda *args: None)
         tokens, _ = split(await collect(adapter, request))
     return text_of(tokens)
 
