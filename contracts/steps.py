@@ -22,6 +22,10 @@ class LlmParams(Strict):
     top_p: float | None = Field(default=None, gt=0, le=1)
     top_k: int | None = Field(default=None, ge=0)
     stop: list[str] | None = Field(default=None, max_length=16)
+    logprobs: bool | None = Field(default=None, description="report log p of each token")
+    json_schema: dict[str, Any] | None = Field(
+        default=None, description="constrain the output to JSON matching this schema"
+    )
 
 
 class LlmCallInput(Strict):

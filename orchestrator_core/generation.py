@@ -20,6 +20,8 @@ DEFAULT_PARAMS: dict[str, Any] = {
     "top_p": 1.0,
     "top_k": 0,
     "stop": [],
+    "logprobs": False,
+    "json_schema": None,
 }
 
 
@@ -34,6 +36,8 @@ class SamplingParams:
     top_p: float = DEFAULT_PARAMS["top_p"]
     top_k: int = DEFAULT_PARAMS["top_k"]
     stop: tuple[str, ...] = ()
+    logprobs: bool = False
+    json_schema: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -42,6 +46,8 @@ class SamplingParams:
             "top_p": float(self.top_p),
             "top_k": self.top_k,
             "stop": list(self.stop),
+            "logprobs": self.logprobs,
+            "json_schema": self.json_schema,
         }
 
 
@@ -95,6 +101,8 @@ def normalize_llm_input(
         top_p=float(merged["top_p"]),
         top_k=int(merged["top_k"]),
         stop=tuple(normalize_text(s) for s in merged["stop"]),
+        logprobs=bool(merged["logprobs"]),
+        json_schema=merged["json_schema"],
     )
     if messages is not None:
         msgs = tuple(

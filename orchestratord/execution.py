@@ -57,6 +57,8 @@ def to_request(step: ClaimedStep, llm: LlmInput) -> GenerationRequest:
         top_k=p.top_k,
         stop=p.stop,
         model=llm.model,
+        logprobs=p.logprobs,
+        json_schema=p.json_schema,
     )
 
 
@@ -207,10 +209,14 @@ class Execution:
         writer = self.writer
         async for item in gen:
             if isinstance(item, Token):
-                steplog.emit_nowait(
-                    EventType.TOKEN,
-                    {"i": len(progress.parts), "t": item.text, "token_id": item.token_id},
-                )
+                payload: dict[str, object] = {
+                    "i": len(progress.parts),
+                    "t": item.text,
+                    "token_id": item.token_id,
+                }
+                if item.logprob is not None:
+                    payload["logprob"] = item.logprob
+                steplog.emit_nowait(EventType.TOKEN, payload)
                 progress.parts.append(item.text)
                 progress.token_ids.append(item.token_id)
                 if writer.over_limit:

@@ -35,6 +35,12 @@ class PoolSpec(BaseModel):
         ids = [r.replica_id for r in self.replicas]
         if len(ids) != len(set(ids)):
             raise ValueError("replica_id values must be unique within a pool")
+        if self.engine == "llama" and any(r.slots != 1 for r in self.replicas):
+            raise ValueError(
+                "a llama replica has exactly one slot (its state is reset per request)"
+            )
+        if self.engine == "openai" and any(not r.url for r in self.replicas):
+            raise ValueError("an openai replica needs its base url, e.g. http://host:8000/v1")
         return self
 
 
@@ -102,6 +108,6 @@ def local_pool(engine: EngineKind, *, slots: int) -> list[PoolSpec]:
             pool_id="local",
             engine=engine,
             tags={"location": "local"},
-            replicas=[ReplicaSpec(replica_id="r0", slots=slots)],
+            replicas=[ReplicaSpec(replica_id="r0", slots=1 if engine == "llama" else slots)],
         )
     ]

@@ -130,6 +130,7 @@ class PoolRegistry:
         for pool in self.pools.values():
             for replica in pool.replicas:
                 try:
+                    await replica.adapter.start()
                     replica.health = await replica.adapter.health()
                 except Exception as exc:
                     replica.health = Health(live=False, ready=False, detail=str(exc))
@@ -155,6 +156,15 @@ def build_adapter(engine: str, replica: ReplicaSpec, settings: Settings) -> Work
             **replica.options,
         }
         return SimAdapter(model=replica.model or "sim-1", **opts)
+    if engine == "llama":
+        from worker_adapters.llama import LlamaAdapter
+
+        return LlamaAdapter(
+            model_path=replica.options.get("model_path") or settings.llama_model_path,
+            n_ctx=int(replica.options.get("n_ctx", 4096)),
+            n_threads=replica.options.get("n_threads"),
+            model=replica.model,
+        )
     raise ValueError(f"engine kind {engine!r} is not available in this build")
 
 

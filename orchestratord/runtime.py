@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from contextlib import asynccontextmanager
+from typing import Any
 
 from orchestratord.db.engine import Database
 from orchestratord.db.migrate import upgrade
@@ -54,6 +55,7 @@ class Orchestrator:
         self.writer.start()
         self.dispatcher.start()
         self.dispatcher.wake()
+        self._spawn(self._watch_health())
 
     async def stop(self) -> None:
         await self.dispatcher.stop()
@@ -82,6 +84,18 @@ class Orchestrator:
 
     def cancel_step_soon(self, step_id: str) -> None:
         """Cancel from a context that cannot wait (a stream being torn down)."""
-        task = asyncio.create_task(self.cancel_step(step_id))
+        self._spawn(self.cancel_step(step_id))
+
+    def _spawn(self, coro: Coroutine[Any, Any, object]) -> None:
+        task = asyncio.create_task(coro)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+
+    async def _watch_health(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.health_interval_s)
+            try:
+                await self.pools.refresh()
+            except Exception:
+                log.exception("pool health refresh failed")
+            self.dispatcher.wake()

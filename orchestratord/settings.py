@@ -54,12 +54,18 @@ class Settings(BaseSettings):
         description="SQLAlchemy URL: sqlite:///path or postgresql://user@host/db",
     )
     engine: Literal["sim", "llama"] = Field(
-        default="sim", description="Engine of the one local pool when no pools file is given"
+        default="llama", description="Engine of the one local pool when no pools file is given"
     )
     pools_file: Path | None = Field(default=None, description="YAML file of pools")
     host: str = "127.0.0.1"
     port: int = 8080
     log_level: str = "info"
+    health_interval_s: float = Field(
+        default=5.0, gt=0, description="How often replicas are asked for health and capabilities"
+    )
+    llama_model_path: Path | None = Field(
+        default=None, description="GGUF file of the local engine; default: the packaged Gemma 3"
+    )
     sim: SimSettings = Field(default_factory=SimSettings)
     stream: StreamSettings = Field(default_factory=StreamSettings)
     dispatch: DispatchSettings = Field(default_factory=DispatchSettings)

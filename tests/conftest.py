@@ -64,6 +64,7 @@ def make_settings(db_url: str, **overrides: Any) -> Settings:
     stream.update(overrides.pop("stream", {}))
     dispatch = {"poll_s": 0.1}
     dispatch.update(overrides.pop("dispatch", {}))
+    overrides.setdefault("engine", "sim")
     return Settings(database_url=db_url, sim=sim, stream=stream, dispatch=dispatch, **overrides)
 
 

@@ -27,6 +27,7 @@ class GenerationRequest:
     stop: tuple[str, ...] = ()
     model: str | None = None
     logprobs: bool = False
+    json_schema: dict[str, Any] | None = None
 
     def rendered_prompt(self) -> str:
         """Plain text for engines that take a prompt string and have no chat template."""
@@ -85,6 +86,9 @@ class Health:
 
 class WorkerAdapter(abc.ABC):
     kind: ClassVar[str]
+
+    async def start(self) -> None:  # noqa: B027 - optional hook
+        """Load models or open connections; called once before the replica takes work."""
 
     @abc.abstractmethod
     def stream(self, request: GenerationRequest) -> AsyncIterator[AdapterEvent]:

@@ -23,6 +23,7 @@ from worker_adapters.base import (
     Token,
     WorkerAdapter,
 )
+from worker_adapters.errors import EngineFailure
 from worker_adapters.stops import StopMatcher
 
 SIM_VERSION = "1.0"
@@ -99,6 +100,8 @@ class SimAdapter(WorkerAdapter):
 
     async def stream(self, request: GenerationRequest) -> AsyncIterator[AdapterEvent]:
         rid = request.request_id
+        if request.json_schema is not None:
+            raise EngineFailure("the sim engine cannot constrain output to a JSON schema")
         self._active.add(rid)
         try:
             rng = self._rng(request)

@@ -36,6 +36,8 @@ def test_default_params_values() -> None:
         "top_p": 1.0,
         "top_k": 0,
         "stop": [],
+        "logprobs": False,
+        "json_schema": None,
     }
     assert SamplingParams().as_dict() == DEFAULT_PARAMS
 
@@ -92,7 +94,15 @@ def test_params_are_typed() -> None:
 def test_params_hash_is_hash_of_as_dict() -> None:
     item = llm(params={"max_tokens": 7, "stop": ["x"]})
     assert item.params_hash == sha256_of(
-        {"max_tokens": 7, "temperature": 1.0, "top_p": 1.0, "top_k": 0, "stop": ["x"]}
+        {
+            "max_tokens": 7,
+            "temperature": 1.0,
+            "top_p": 1.0,
+            "top_k": 0,
+            "stop": ["x"],
+            "logprobs": False,
+            "json_schema": None,
+        }
     )
     assert item.params.as_dict()["stop"] == ["x"]
 

