@@ -165,6 +165,18 @@ def build_adapter(engine: str, replica: ReplicaSpec, settings: Settings) -> Work
             n_threads=replica.options.get("n_threads"),
             model=replica.model,
         )
+    if engine == "openai":
+        from worker_adapters.openai import OpenAIAdapter
+
+        assert replica.url is not None  # the pools file validation requires it
+        return OpenAIAdapter(
+            base_url=replica.url,
+            model=replica.model,
+            api_key=replica.options.get("api_key"),
+            model_hash=replica.options.get("model_hash"),
+            connect_timeout_s=float(replica.options.get("connect_timeout_s", 5.0)),
+            read_timeout_s=float(replica.options.get("read_timeout_s", 60.0)),
+        )
     raise ValueError(f"engine kind {engine!r} is not available in this build")
 
 

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import socket
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -12,13 +10,13 @@ from typing import Any
 import httpx
 import pytest
 import sqlalchemy as sa
-import uvicorn
 
 from orchestratord.api.app import create_app
 from orchestratord.db.engine import Database
 from orchestratord.db.migrate import upgrade
 from orchestratord.runtime import Orchestrator
 from orchestratord.settings import Settings
+from test_harness.servers import serve_app
 from tests.pg import create_database, drop_database, require_postgres
 
 BACKENDS = ["sqlite", "postgresql"]
@@ -92,26 +90,11 @@ async def client(orch: Orchestrator) -> AsyncIterator[httpx.AsyncClient]:
         yield c
 
 
-class _InLoopServer(uvicorn.Server):
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:  # the test runner owns the signals
-        yield
-
-
 @pytest.fixture
 async def live(orch: Orchestrator) -> AsyncIterator[httpx.AsyncClient]:
     """A real HTTP server on a loopback port, in this event loop, and a client for it."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    config = uvicorn.Config(create_app(orchestrator=orch), log_level="warning", lifespan="off")
-    server = _InLoopServer(config)
-    task = asyncio.create_task(server.serve(sockets=[sock]))
-    while not server.started:
-        await asyncio.sleep(0.01)
-    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as c:
+    async with (
+        serve_app(create_app(orchestrator=orch)) as url,
+        httpx.AsyncClient(base_url=url, timeout=30) as c,
+    ):
         yield c
-    server.should_exit = True
-    await task
-    sock.close()

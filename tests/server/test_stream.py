@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import httpx
 import pytest
 
+from orchestratord.api.app import create_app
 from orchestratord.runtime import Orchestrator
 from orchestratord.settings import Settings
+from test_harness.servers import serve_app
 from tests.conftest import make_settings
 from tests.helpers import SseEvent, make_run, parse_sse, read_stream, submit, wait_status
 
@@ -67,8 +70,6 @@ async def test_bad_last_event_id(live: httpx.AsyncClient) -> None:
 
 async def test_resume_mid_flight_has_no_gap_or_duplicate(db_url: str) -> None:
     """Disconnect while the step is still producing, reconnect with Last-Event-ID."""
-    from tests.conftest import _InLoopServer  # noqa: F401  (same server as the live fixture)
-
     settings = make_settings(db_url, sim={"tokens_per_s": 400.0})
     async with _serve(settings) as client:
         run_id = await make_run(client)
@@ -199,31 +200,14 @@ class _serve:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
+        self.stack = contextlib.AsyncExitStack()
 
     async def __aenter__(self) -> httpx.AsyncClient:
-        import socket
-
-        import uvicorn
-
-        from orchestratord.api.app import create_app
-        from tests.conftest import _InLoopServer
-
         self.orch = Orchestrator(self.settings)
         await self.orch.start()
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        app = create_app(orchestrator=self.orch)
-        self.server = _InLoopServer(uvicorn.Config(app, log_level="warning", lifespan="off"))
-        self.task = asyncio.create_task(self.server.serve(sockets=[self.sock]))
-        while not self.server.started:
-            await asyncio.sleep(0.01)
-        port = self.sock.getsockname()[1]
-        self.client = httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30)
-        return self.client
+        self.stack.push_async_callback(self.orch.stop)
+        url = await self.stack.enter_async_context(serve_app(create_app(orchestrator=self.orch)))
+        return await self.stack.enter_async_context(httpx.AsyncClient(base_url=url, timeout=30))
 
     async def __aexit__(self, *exc: object) -> None:
-        await self.client.aclose()
-        self.server.should_exit = True
-        await self.task
-        await self.orch.stop()
-        self.sock.close()
+        await self.stack.aclose()

@@ -1,0 +1,136 @@
+"""A fake OpenAI-compatible server with fault injection.
+
+Tokens are a pure function of the request (prompt or messages, seed, max_tokens), so a test
+can compare what went through orchestratord with what the fake would say directly. Faults:
+``refuse`` is simply not running it; the others are set on :class:`Faults`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+WORDS = ("alpha ", "beta ", "gamma ", "delta ", "echo ", "fox ", "golf ", "hotel ")
+
+
+@dataclass
+class Faults:
+    status: int | None = None  # answer every generation with this HTTP status
+    cut_after: int | None = None  # close the stream after this many chunks, no [DONE]
+    first_byte_delay_s: float = 0.0
+    malformed_at: int | None = None  # send a chunk that is not JSON at this index
+    token_delay_s: float = 0.0
+
+
+@dataclass
+class FakeState:
+    faults: Faults = field(default_factory=Faults)
+    model: str = "fake-model"
+    active: int = 0
+    disconnects: int = 0
+    completed: int = 0
+    requests: list[dict[str, Any]] = field(default_factory=list)
+    auth_headers: list[str | None] = field(default_factory=list)
+
+
+def fake_tokens(body: dict[str, Any]) -> list[str]:
+    material = json.dumps(
+        {k: body.get(k) for k in ("prompt", "messages", "seed", "temperature", "top_p")},
+        sort_keys=True,
+    ).encode()
+    digest = hashlib.sha256(material).digest()
+    n = int(body.get("max_tokens") or 16)
+    return [WORDS[digest[i % len(digest)] % len(WORDS)] for i in range(n)]
+
+
+def create_fake_openai(state: FakeState | None = None) -> Starlette:
+    st = state or FakeState()
+
+    async def models(_: Request) -> Response:
+        return JSONResponse(
+            {
+                "object": "list",
+                "data": [
+                    {"id": st.model, "object": "model", "owned_by": "fake", "max_model_len": 2048}
+                ],
+            }
+        )
+
+    async def health(_: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    async def generate(request: Request) -> Response:
+        body = await request.json()
+        st.requests.append(body)
+        st.auth_headers.append(request.headers.get("authorization"))
+        f = st.faults
+        if f.status is not None:
+            return JSONResponse(
+                {"error": {"message": "injected failure", "code": f.status}}, status_code=f.status
+            )
+        chat = request.url.path.endswith("/chat/completions")
+        tokens = fake_tokens(body)
+        return StreamingResponse(_events(body, tokens, chat), media_type="text/event-stream")
+
+    async def _events(body: dict[str, Any], tokens: list[str], chat: bool) -> AsyncIterator[bytes]:
+        f = st.faults
+        st.active += 1
+        finished = False
+        try:
+            if f.first_byte_delay_s:
+                await asyncio.sleep(f.first_byte_delay_s)
+            for i, tok in enumerate(tokens):
+                if f.cut_after is not None and i >= f.cut_after:
+                    return
+                if f.malformed_at is not None and i == f.malformed_at:
+                    yield b"data: {not json\n\n"
+                    continue
+                if f.token_delay_s:
+                    await asyncio.sleep(f.token_delay_s)
+                choice: dict[str, Any] = (
+                    {"index": 0, "delta": {"content": tok}, "finish_reason": None}
+                    if chat
+                    else {"index": 0, "text": tok, "finish_reason": None}
+                )
+                yield b"data: " + json.dumps({"choices": [choice]}).encode() + b"\n\n"
+            last: dict[str, Any] = (
+                {"index": 0, "delta": {}, "finish_reason": "length"}
+                if chat
+                else {"index": 0, "text": "", "finish_reason": "length"}
+            )
+            yield b"data: " + json.dumps({"choices": [last]}).encode() + b"\n\n"
+            prompt_tokens = len(json.dumps(body.get("prompt") or body.get("messages")).split())
+            usage = {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": len(tokens),
+                "total_tokens": prompt_tokens + len(tokens),
+            }
+            yield b"data: " + json.dumps({"choices": [], "usage": usage}).encode() + b"\n\n"
+            yield b"data: [DONE]\n\n"
+            finished = True
+        finally:
+            st.active -= 1
+            if finished:
+                st.completed += 1
+            else:
+                st.disconnects += 1
+
+    app = Starlette(
+        routes=[
+            Route("/v1/models", models),
+            Route("/health", health),
+            Route("/v1/completions", generate, methods=["POST"]),
+            Route("/v1/chat/completions", generate, methods=["POST"]),
+        ]
+    )
+    app.state.fake = st
+    return app

@@ -1,0 +1,156 @@
+"""The OpenAI-compatible adapter against the fake server, with every injected fault."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import AsyncIterator
+
+import pytest
+
+from test_harness.fake_openai import FakeState, Faults, create_fake_openai, fake_tokens
+from test_harness.servers import serve_app
+from worker_adapters import EngineFailure, EngineUnavailable, Finish, GenerationRequest, Token
+from worker_adapters.openai import OpenAIAdapter
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[tuple[FakeState, OpenAIAdapter]]:
+    state = FakeState()
+    async with serve_app(create_fake_openai(state)) as url:
+        adapter = OpenAIAdapter(
+            base_url=f"{url}/v1", model="fake-model", api_key="sk-secret", read_timeout_s=2.0
+        )
+        yield state, adapter
+        await adapter.aclose()
+
+
+def req(**kw: object) -> GenerationRequest:
+    base: dict[str, object] = {
+        "request_id": "r1",
+        "prompt": "hello",
+        "messages": None,
+        "seed": 7,
+        "max_tokens": 12,
+        "temperature": 0.0,
+    }
+    base.update(kw)
+    return GenerationRequest(**base)  # type: ignore[arg-type]
+
+
+async def collect(adapter: OpenAIAdapter, request: GenerationRequest) -> list[object]:
+    return [ev async for ev in adapter.stream(request)]
+
+
+async def test_completion_stream_and_usage(fake: tuple[FakeState, OpenAIAdapter]) -> None:
+    state, adapter = fake
+    events = await collect(adapter, req(stop=("zz",), top_k=5, logprobs=True))
+    tokens = [e for e in events if isinstance(e, Token)]
+    finish = events[-1]
+    assert isinstance(finish, Finish)
+    body = state.requests[0]
+    assert [t.text for t in tokens] == fake_tokens(body)
+    assert finish.tokens_out == 12 and finish.tokens_in > 0
+    assert finish.stop_reason == "length"
+    assert body["seed"] == 7 and body["temperature"] == 0.0 and body["top_k"] == 5
+    assert body["stop"] == ["zz"] and body["stream"] is True and body["logprobs"] == 1
+    assert state.auth_headers[0] == "Bearer sk-secret"
+
+
+async def test_chat_stream(fake: tuple[FakeState, OpenAIAdapter]) -> None:
+    state, adapter = fake
+    events = await collect(adapter, req(prompt=None, messages=({"role": "user", "content": "hi"},)))
+    assert "messages" in state.requests[0]
+    assert [e.text for e in events if isinstance(e, Token)] == fake_tokens(state.requests[0])
+
+
+async def test_refused_connection_is_unavailable() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    adapter = OpenAIAdapter(base_url=f"http://127.0.0.1:{port}/v1", api_key="sk-secret")
+    with pytest.raises(EngineUnavailable) as info:
+        await collect(adapter, req())
+    assert info.value.retriable
+    assert "sk-secret" not in str(info.value)
+    health = await adapter.health()
+    assert not health.ready and not health.live
+    await adapter.aclose()
+
+
+@pytest.mark.parametrize(
+    ("status", "retriable"), [(500, True), (503, True), (429, True), (400, False), (401, False)]
+)
+async def test_http_errors(
+    fake: tuple[FakeState, OpenAIAdapter], status: int, retriable: bool
+) -> None:
+    state, adapter = fake
+    state.faults = Faults(status=status)
+    with pytest.raises(EngineFailure) as info:
+        await collect(adapter, req())
+    assert info.value.retriable is retriable
+    assert str(status) in info.value.message
+
+
+async def test_stream_cut_midway(fake: tuple[FakeState, OpenAIAdapter]) -> None:
+    state, adapter = fake
+    state.faults = Faults(cut_after=3)
+    seen: list[object] = []
+    with pytest.raises(EngineFailure) as info:
+        async for ev in adapter.stream(req()):
+            seen.append(ev)
+    assert len(seen) == 3
+    assert info.value.retriable
+
+
+async def test_malformed_chunk(fake: tuple[FakeState, OpenAIAdapter]) -> None:
+    state, adapter = fake
+    state.faults = Faults(malformed_at=2)
+    with pytest.raises(EngineFailure) as info:
+        await collect(adapter, req())
+    assert "malformed" in info.value.message
+
+
+async def test_slow_first_byte_times_out(fake: tuple[FakeState, OpenAIAdapter]) -> None:
+    state, adapter = fake
+    state.faults = Faults(first_byte_delay_s=5.0)
+    with pytest.raises(EngineFailure) as info:
+        await collect(adapter, req())
+    assert "timed out" in info.value.message and info.value.retriable
+
+
+async def test_slow_first_byte_within_timeout(fake: tuple[FakeState, OpenAIAdapter]) -> None:
+    state, adapter = fake
+    state.faults = Faults(first_byte_delay_s=0.3)
+    events = await collect(adapter, req())
+    assert isinstance(events[-1], Finish)
+
+
+async def test_cancel_closes_upstream(fake: tuple[FakeState, OpenAIAdapter]) -> None:
+    state, adapter = fake
+    state.faults = Faults(token_delay_s=0.05)
+    gen = adapter.stream(req(max_tokens=200))
+    first = await gen.__anext__()
+    assert isinstance(first, Token)
+    assert state.active == 1
+    await adapter.cancel("r1")
+    with pytest.raises(EngineFailure):
+        await gen.__anext__()
+    await gen.aclose()
+    for _ in range(100):
+        if state.active == 0:
+            break
+        await asyncio.sleep(0.02)
+    assert state.active == 0
+    assert state.disconnects == 1 and state.completed == 0
+
+
+async def test_health_and_capabilities(fake: tuple[FakeState, OpenAIAdapter]) -> None:
+    _, adapter = fake
+    health = await adapter.health()
+    assert health.ready
+    caps = await adapter.capabilities()
+    assert caps.model == "fake-model"
+    assert caps.context_size == 2048
+    assert caps.model_hash.startswith("sha256:")
+    assert "sk-secret" not in repr(adapter) and "sk-secret" not in str(caps.as_dict())

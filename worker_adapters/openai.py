@@ -1,0 +1,253 @@
+"""OpenAI-compatible HTTP engines: vLLM, llama.cpp server, SGLang, TGI, Ollama.
+
+Prompts go to ``/completions`` and messages to ``/chat/completions``, streamed
+(``stream: true`` with ``stream_options.include_usage``). Each streamed chunk that carries
+text is one token event; usage comes from the final chunk. httpx's errors never leave this
+module: they become :class:`EngineUnavailable` (cannot connect) or :class:`EngineFailure`
+(the engine answered badly), ``retriable`` where a retry can help. Cancelling closes the
+upstream response, which is how these servers learn to free the slot. The API key is sent as
+a bearer token and appears nowhere else (not in reprs, logs, errors or events).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+
+from worker_adapters.base import (
+    AdapterEvent,
+    Capabilities,
+    Finish,
+    GenerationRequest,
+    Health,
+    Token,
+    WorkerAdapter,
+)
+from worker_adapters.errors import AdapterError, EngineFailure, EngineUnavailable
+
+_FINISH = {
+    "length": "length",
+    "stop": "eos",
+    "eos": "eos",
+    "eos_token": "eos",
+    "stop_sequence": "stop",
+    "content_filter": "stop",
+    "tool_calls": "eos",
+}
+
+
+class OpenAIAdapter(WorkerAdapter):
+    kind = "openai"
+
+    def __init__(
+        self,
+        *,
+        base_url: str,
+        model: str | None = None,
+        api_key: str | None = None,
+        connect_timeout_s: float = 5.0,
+        read_timeout_s: float = 60.0,
+        model_hash: str | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.model = model
+        self._pinned_hash = model_hash
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._client = httpx.AsyncClient(
+            base_url=self.base_url,
+            headers=headers,
+            timeout=httpx.Timeout(read_timeout_s, connect=connect_timeout_s),
+            transport=transport,
+        )
+        self._open: dict[str, httpx.Response] = {}
+        self._caps: Capabilities | None = None
+
+    def __repr__(self) -> str:
+        return f"OpenAIAdapter(base_url={self.base_url!r}, model={self.model!r})"
+
+    def _body(self, request: GenerationRequest) -> tuple[str, dict[str, Any]]:
+        body: dict[str, Any] = {
+            "model": request.model or self.model or "default",
+            "max_tokens": request.max_tokens,
+            "temperature": request.temperature,
+            "top_p": request.top_p,
+            "seed": request.seed,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        if request.top_k:
+            body["top_k"] = request.top_k
+        if request.stop:
+            body["stop"] = list(request.stop)
+        if request.json_schema is not None:
+            body["response_format"] = {
+                "type": "json_schema",
+                "json_schema": {"name": "output", "schema": request.json_schema},
+            }
+        if request.messages is not None:
+            body["messages"] = [dict(m) for m in request.messages]
+            if request.logprobs:
+                body["logprobs"] = True
+            return "/chat/completions", body
+        body["prompt"] = request.prompt or ""
+        if request.logprobs:
+            body["logprobs"] = 1
+        return "/completions", body
+
+    async def stream(self, request: GenerationRequest) -> AsyncIterator[AdapterEvent]:
+        path, body = self._body(request)
+        sent = 0
+        usage: dict[str, Any] = {}
+        finish: str | None = None
+        done = False
+        try:
+            async with self._client.stream("POST", path, json=body) as response:
+                self._open[request.request_id] = response
+                if response.status_code >= 400:
+                    await response.aread()
+                    raise _status_error(response)
+                async for line in response.aiter_lines():
+                    if not line.startswith("data:"):
+                        continue
+                    payload = line[5:].strip()
+                    if payload == "[DONE]":
+                        done = True
+                        break
+                    chunk = _parse_chunk(payload)
+                    if chunk.get("error"):
+                        raise EngineFailure(
+                            f"engine error: {_error_text(chunk['error'])}", retriable=True
+                        )
+                    if chunk.get("usage"):
+                        usage = chunk["usage"]
+                    for choice in chunk.get("choices") or []:
+                        text, logprob = _choice_text(choice)
+                        if text:
+                            sent += 1
+                            yield Token(text=text, token_id=None, logprob=logprob)
+                        if choice.get("finish_reason"):
+                            finish = choice["finish_reason"]
+        except AdapterError:
+            raise
+        except httpx.ConnectError as exc:
+            raise EngineUnavailable(f"cannot connect to {self.base_url}: {exc}") from exc
+        except httpx.TimeoutException as exc:
+            raise EngineFailure(
+                f"{self.base_url} timed out ({type(exc).__name__})", retriable=True
+            ) from exc
+        except httpx.HTTPError as exc:
+            raise EngineFailure(
+                f"stream from {self.base_url} broke: {type(exc).__name__}", retriable=True
+            ) from exc
+        finally:
+            self._open.pop(request.request_id, None)
+        if not done and finish is None:
+            raise EngineFailure("the engine closed the stream before it finished", retriable=True)
+        stop_reason = _FINISH.get(finish or "stop", "eos")
+        if stop_reason == "eos" and finish == "stop" and request.stop:
+            stop_reason = "stop"  # the protocol does not tell a stop string from EOS
+        yield Finish(
+            stop_reason=stop_reason,
+            tokens_in=int(usage.get("prompt_tokens") or 0),
+            tokens_out=int(usage.get("completion_tokens") or sent),
+        )
+
+    async def cancel(self, request_id: str) -> None:
+        response = self._open.pop(request_id, None)
+        if response is not None:
+            await response.aclose()  # closes the connection: the engine frees the slot
+
+    async def health(self) -> Health:
+        root = self.base_url.removesuffix("/v1")
+        try:
+            r = await self._client.get(f"{root}/health", timeout=3)
+            if r.status_code == 404:
+                r = await self._client.get("/models", timeout=3)
+        except httpx.HTTPError as exc:
+            return Health(live=False, ready=False, detail=f"{type(exc).__name__}")
+        if r.status_code == 200:
+            return Health(live=True, ready=True)
+        return Health(live=True, ready=False, detail=f"HTTP {r.status_code}")
+
+    async def capabilities(self) -> Capabilities:
+        if self._caps is not None:
+            return self._caps
+        try:
+            r = await self._client.get("/models", timeout=5)
+            r.raise_for_status()
+            models = r.json().get("data") or []
+        except (httpx.HTTPError, ValueError) as exc:
+            raise EngineUnavailable(f"{self.base_url}/models: {type(exc).__name__}") from exc
+        entry = next((m for m in models if m.get("id") == self.model), models[0] if models else {})
+        # Remote servers do not publish file hashes: the model entry identifies the model,
+        # unless the operator pins the real hash in the pools file.
+        model_hash = (
+            self._pinned_hash
+            or "sha256:"
+            + hashlib.sha256(
+                json.dumps(entry, sort_keys=True, separators=(",", ":")).encode()
+            ).hexdigest()
+        )
+        self._caps = Capabilities(
+            engine="openai",
+            engine_version=str(entry.get("owned_by") or "openai-compatible"),
+            model=str(entry.get("id") or self.model or "unknown"),
+            model_hash=model_hash,
+            context_size=int(
+                (entry.get("meta") or {}).get("n_ctx_train") or entry.get("max_model_len") or 0
+            ),
+            features=("seed", "stop", "logprobs", "json_schema", "chat"),
+            extra={"base_url": self.base_url},
+        )
+        return self._caps
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+
+def _parse_chunk(payload: str) -> dict[str, Any]:
+    try:
+        chunk = json.loads(payload)
+    except ValueError as exc:
+        raise EngineFailure(f"malformed stream chunk: {payload[:80]!r}", retriable=True) from exc
+    if not isinstance(chunk, dict):
+        raise EngineFailure(f"malformed stream chunk: {payload[:80]!r}", retriable=True)
+    return chunk
+
+
+def _choice_text(choice: dict[str, Any]) -> tuple[str, float | None]:
+    if "delta" in choice:
+        text = (choice.get("delta") or {}).get("content") or ""
+    else:
+        text = choice.get("text") or ""
+    logprob = None
+    lp = choice.get("logprobs")
+    if isinstance(lp, dict):
+        values = lp.get("token_logprobs") or [
+            c.get("logprob") for c in (lp.get("content") or []) if isinstance(c, dict)
+        ]
+        if values and isinstance(values[0], (int, float)):
+            logprob = float(values[0])
+    return text, logprob
+
+
+def _error_text(error: Any) -> str:
+    if isinstance(error, dict):
+        return str(error.get("message") or error)
+    return str(error)
+
+
+def _status_error(response: httpx.Response) -> EngineFailure:
+    try:
+        detail = _error_text(response.json().get("error") or response.text)
+    except ValueError:
+        detail = response.text[:200]
+    retriable = response.status_code in (408, 429) or response.status_code >= 500
+    return EngineFailure(
+        f"engine answered HTTP {response.status_code}: {detail}", retriable=retriable
+    )
