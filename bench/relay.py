@@ -101,6 +101,9 @@ class Round:
     ok_streams: int
     server_cpu_s: float | None
     client_cpu_s: float
+    # CPU time the whole machine spent during the round outside the server and this process
+    # (the database server, other jobs): a noise gauge on a shared 2-core machine.
+    other_cpu_s: float | None = None
 
 
 @dataclass
@@ -131,6 +134,7 @@ class Scenario:
             "client_cpu_us_per_token": None
             if client is None or not tokens
             else client / tokens * 1e6,
+            "other_cpu_s": self.median("other_cpu_s"),
             "all_streams_complete": bool(self.rounds)
             and all(r.ok_streams == streams for r in self.rounds)
             and not self.errors,
@@ -165,6 +169,8 @@ def make_round(
         ok_streams=sum(1 for r in results if r.ended and r.tokens == expect),
         server_cpu_s=server_cpu_s,
         client_cpu_s=client_cpu_s,
+        other_cpu_s=None if machine_cpu_s is None
+        else max(0.0, machine_cpu_s - (server_cpu_s or 0.0) - client_cpu_s),
     )
 
 
@@ -222,11 +228,13 @@ async def direct_round(streams: int, tokens: int) -> Round:
                 ended = True
         return StreamResult(count, ttft, ended)
 
-    c0 = time.process_time()
+    m0, c0 = machine_busy_s(), time.process_time()
     t0 = time.perf_counter()
     results = await asyncio.gather(*(one(i) for i in range(streams)))
     wall = time.perf_counter() - t0
-    return make_round(list(results), wall, tokens, None, time.process_time() - c0)
+    m1, c1 = machine_busy_s(), time.process_time()
+    return make_round(list(results), wall, tokens, None, c1 - c0,
+                      None if m0 is None or m1 is None else m1 - m0)
 
 
 # --------------------------------------------------------------------------------------------
@@ -359,15 +367,16 @@ StartOne = Callable[[int], Awaitable[StreamResult]]
 async def timed_round(
     server: Server, streams: int, tokens: int, start_one: StartOne, timeout_s: float
 ) -> Round:
-    s0, c0 = server.cpu_s(), time.process_time()
+    m0, s0, c0 = machine_busy_s(), server.cpu_s(), time.process_time()
     t0 = time.perf_counter()
     results = await asyncio.wait_for(
         asyncio.gather(*(start_one(i) for i in range(streams))), timeout_s
     )
     wall = time.perf_counter() - t0
-    s1, c1 = server.cpu_s(), time.process_time()
+    m1, s1, c1 = machine_busy_s(), server.cpu_s(), time.process_time()
     server_cpu = None if s0 is None or s1 is None else s1 - s0
-    return make_round(list(results), wall, tokens, server_cpu, c1 - c0)
+    return make_round(list(results), wall, tokens, server_cpu, c1 - c0,
+                      None if m0 is None or m1 is None else m1 - m0)
 
 
 async def bench_bare(args: argparse.Namespace, flush: int, workdir: Path) -> Scenario:
@@ -611,8 +620,9 @@ def markdown_table(summaries: dict[str, dict[str, Any]], direct_name: str) -> st
     direct = summaries.get(direct_name, {}).get("delivered_tok_s")
     lines = [
         "| scenario | delivered tok/s | % of direct | TTFT p50 ms | TTFT p95 ms "
-        "| idle TTFT p50 ms | server CPU µs/token | client CPU µs/token | complete |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|:---:|",
+        "| idle TTFT p50 ms | server CPU µs/token | client CPU µs/token | other CPU s "
+        "| complete |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|:---:|",
     ]
     for name, s in summaries.items():
         pct = (
@@ -626,6 +636,7 @@ def markdown_table(summaries: dict[str, dict[str, Any]], direct_name: str) -> st
             f"| {_num(s['idle_ttft_p50_ms'], '.2f')} "
             f"| {_num(s['server_cpu_us_per_token'], '.1f')} "
             f"| {_num(s['client_cpu_us_per_token'], '.1f')} "
+            f"| {_num(s['other_cpu_s'], '.2f')} "
             f"| {'yes' if s['all_streams_complete'] else 'NO'} |"
         )
     return "\n".join(lines)
@@ -682,7 +693,11 @@ def machine_info() -> dict[str, Any]:
     mem = ""
     with contextlib.suppress(OSError):
         mem = Path("/proc/meminfo").read_text().splitlines()[0].split(":", 1)[1].strip()
+    load = ""
+    with contextlib.suppress(OSError):
+        load = Path("/proc/loadavg").read_text().strip()
     return {
+        "loadavg_at_start": load,
         "cpus": os.cpu_count(),
         "cpus_usable": len(os.sched_getaffinity(0)),
         "cpu_model": cpu,
@@ -690,6 +705,18 @@ def machine_info() -> dict[str, Any]:
         "python": platform.python_version(),
         "platform": platform.platform(),
     }
+
+
+def git_state() -> dict[str, Any]:
+    def git(*a: str) -> str:
+        try:
+            return subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True,
+                                  timeout=10).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+
+    return {"commit": git("rev-parse", "HEAD"),
+            "dirty_files": [ln for ln in git("status", "--porcelain").splitlines() if ln]}
 
 
 def versions() -> dict[str, str]:
@@ -768,6 +795,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         },
         "machine": machine_info(),
         "versions": versions(),
+        "git": git_state(),
         "targets": {
             "delivered_ratio_min": TARGET_RATIO,
             "added_ttft_p50_ms_max": TARGET_ADDED_TTFT_MS,

@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import os
 import socket
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,66 +11,16 @@ import orjson
 import pytest
 
 from tests.helpers import parse_sse
+from tests.procs import orchestratord
 
 pytestmark = pytest.mark.slow
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture
 def server(db_url: str, tmp_path: Path) -> Iterator[str]:
-    port = _free_port()
-    env = {
-        **os.environ,
-        "ORCHESTRATORD_SIM__TOKENS_PER_S": "500",
-        "ORCHESTRATORD_SIM__EOS_PROBABILITY": "0",
-    }
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "orchestratord",
-            "serve",
-            "--engine",
-            "sim",
-            "--port",
-            str(port),
-            "--database-url",
-            db_url,
-        ],
-        cwd=tmp_path,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                out = proc.stdout.read().decode() if proc.stdout else ""
-                raise AssertionError(f"server exited: {out}")
-            try:
-                if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.1)
-        else:
-            raise AssertionError("server did not become ready")
-        yield base
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        if proc.stdout:
-            proc.stdout.close()
+    env = {"ORCHESTRATORD_SIM__TOKENS_PER_S": "500", "ORCHESTRATORD_SIM__EOS_PROBABILITY": "0"}
+    with orchestratord(tmp_path, "--engine", "sim", "--database-url", db_url, env=env) as url:
+        yield url
 
 
 def _raw_sse(port: int, path: str, headers: str = "") -> tuple[str, str]:
