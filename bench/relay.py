@@ -151,12 +151,23 @@ def percentile(values: list[float], p: float) -> float | None:
     return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
 
 
+def machine_busy_s() -> float | None:
+    """Busy CPU seconds of the whole machine so far (all CPUs), from /proc/stat."""
+    try:
+        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    except OSError:
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[:8])
+    return (user + nice + system + irq + softirq + steal) / CLK_TCK
+
+
 def make_round(
     results: list[StreamResult],
     wall_s: float,
     expect: int,
     server_cpu_s: float | None,
     client_cpu_s: float,
+    machine_cpu_s: float | None = None,
 ) -> Round:
     ttfts = [r.ttft_s * 1000 for r in results if r.ttft_s is not None]
     tokens = sum(r.tokens for r in results)
@@ -169,7 +180,8 @@ def make_round(
         ok_streams=sum(1 for r in results if r.ended and r.tokens == expect),
         server_cpu_s=server_cpu_s,
         client_cpu_s=client_cpu_s,
-        other_cpu_s=None if machine_cpu_s is None
+        other_cpu_s=None
+        if machine_cpu_s is None
         else max(0.0, machine_cpu_s - (server_cpu_s or 0.0) - client_cpu_s),
     )
 
@@ -233,8 +245,9 @@ async def direct_round(streams: int, tokens: int) -> Round:
     results = await asyncio.gather(*(one(i) for i in range(streams)))
     wall = time.perf_counter() - t0
     m1, c1 = machine_busy_s(), time.process_time()
-    return make_round(list(results), wall, tokens, None, c1 - c0,
-                      None if m0 is None or m1 is None else m1 - m0)
+    return make_round(
+        list(results), wall, tokens, None, c1 - c0, None if m0 is None or m1 is None else m1 - m0
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -261,7 +274,7 @@ class Server:
 
     async def start(self, timeout_s: float = 60.0) -> None:
         log = self.log_path.open("wb")
-        self.proc = subprocess.Popen(  # noqa: ASYNC220 (returns at once)
+        self.proc = subprocess.Popen(
             self.argv,
             env=self.env,
             cwd=ROOT,
@@ -375,8 +388,14 @@ async def timed_round(
     wall = time.perf_counter() - t0
     m1, s1, c1 = machine_busy_s(), server.cpu_s(), time.process_time()
     server_cpu = None if s0 is None or s1 is None else s1 - s0
-    return make_round(list(results), wall, tokens, server_cpu, c1 - c0,
-                      None if m0 is None or m1 is None else m1 - m0)
+    return make_round(
+        list(results),
+        wall,
+        tokens,
+        server_cpu,
+        c1 - c0,
+        None if m0 is None or m1 is None else m1 - m0,
+    )
 
 
 async def bench_bare(args: argparse.Namespace, flush: int, workdir: Path) -> Scenario:
@@ -710,13 +729,16 @@ def machine_info() -> dict[str, Any]:
 def git_state() -> dict[str, Any]:
     def git(*a: str) -> str:
         try:
-            return subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True,
-                                  timeout=10).stdout.strip()
+            return subprocess.run(
+                ["git", *a], cwd=ROOT, capture_output=True, text=True, timeout=10
+            ).stdout.strip()
         except (OSError, subprocess.SubprocessError):
             return ""
 
-    return {"commit": git("rev-parse", "HEAD"),
-            "dirty_files": [ln for ln in git("status", "--porcelain").splitlines() if ln]}
+    return {
+        "commit": git("rev-parse", "HEAD"),
+        "dirty_files": [ln for ln in git("status", "--porcelain").splitlines() if ln],
+    }
 
 
 def versions() -> dict[str, str]:
