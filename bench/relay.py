@@ -13,14 +13,17 @@ One run measures, with ``--streams`` concurrent streams of ``--tokens`` tokens e
   submits the steps and follows their streams. With ``--pg`` also on a fresh PostgreSQL
   database created (and dropped) here with asyncpg.
 
-The client is this process (httpx.AsyncClient, one event loop); every server is a separate
-process on a free loopback port, started here, polled on ``GET /healthz`` until ready, and
-stopped here. Scenarios run one after another, each with a warm-up round; each reported
-figure is the median over ``--repeat`` rounds.
+The client is this process (one httpx.AsyncClient per stream, all on one event loop, see
+``Clients``); every server is a separate process on a free loopback port, started here,
+polled on ``GET /healthz`` until ready, and stopped here (SIGINT, then SIGKILL).
+Scenarios run one after another, each with a warm-up round; each reported figure is the
+median over ``--repeat`` rounds.
 
 Delivered tokens/s = token frames received by all clients / wall time of the round (first
 request sent to last stream closed). TTFT = first ``token`` frame received - request sent
 (for orchestratord: the step POST). "idle TTFT" is one stream at a time on an idle server.
+CPU per token comes from /proc (server process) and ``time.process_time`` (client); "other
+CPU" is what the rest of the machine burnt during a round (database server, other jobs).
 
 Usage: ``.venv/bin/python bench/relay.py [--streams 50] [--tokens 2000] [--repeat 3] [--pg]``
 Writes ``bench/results/relay.json`` and prints a markdown table.
@@ -805,7 +808,10 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
 
     summaries = {sc.name: sc.summary(args.streams) for sc in scenarios}
     orch_names = [sc.name for sc in scenarios if sc.kind == "orchestratord"]
-    comps = comparisons(summaries, "bare relay (flush16)", orch_names)
+    # The primary baseline is flush16; flush1 (a weaker relay) is kept for reference.
+    comps = comparisons(summaries, "bare relay (flush16)", orch_names) + comparisons(
+        summaries, "bare relay (flush1)", orch_names
+    )
     return {
         "benchmark": "relay",
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -818,6 +824,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         "machine": machine_info(),
         "versions": versions(),
         "git": git_state(),
+        "note": args.note,
         "targets": {
             "delivered_ratio_min": TARGET_RATIO,
             "added_ttft_p50_ms_max": TARGET_ADDED_TTFT_MS,
@@ -907,6 +914,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="seconds one round may take before it is abandoned",
     )
     p.add_argument("--keep-logs", action="store_true", help="keep the servers' logs")
+    p.add_argument("--note", default="", help="free text stored in the JSON (e.g. the commit)")
     p.add_argument("--out", type=Path, default=HERE / "results" / "relay.json")
     args = p.parse_args(argv)
     if args.streams < 1 or args.tokens < 1 or args.repeat < 1 or args.warmup_tokens < 1:

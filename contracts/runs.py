@@ -70,6 +70,9 @@ class RunOut(Out):
     status: str
     budgets: dict[str, Any]
     usage: Usage
+    reserved: Usage = Field(description="held by steps that have not settled yet")
+    price_table: str = Field(description="price table version pinned at creation")
+    policy_hash: str
     policy: dict[str, Any]
     pool_policy: Any
     fs_policy: dict[str, Any]

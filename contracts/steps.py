@@ -48,6 +48,7 @@ class StepCreate(Strict):
     budgets: Budgets | None = None
     placement: Placement | None = None
     cancel_on_disconnect: bool | None = None
+    priority: Literal["interactive", "batch"] = "interactive"
 
 
 class StepAccepted(Out):
@@ -69,7 +70,12 @@ class StepOut(Out):
     pool_id: str | None
     replica_id: str | None
     output: dict[str, Any] | None
+    priority: str
     usage: Usage
+    reserved: Usage
+    max_tokens_granted: int | None = Field(description="max_tokens after the budget clamp")
+    budget_clamped: bool
+    policy_decision: dict[str, Any] | None
     provenance: dict[str, Any] | None
     error: dict[str, Any] | None
     created_at: datetime

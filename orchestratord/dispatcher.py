@@ -22,6 +22,8 @@ from orchestratord.db.models import Event, Step
 from orchestratord.eventlog import EventWriter, make_event
 from orchestratord.execution import ClaimedStep, Execution
 from orchestratord.pools import PoolRegistry, Replica
+from orchestratord.prices import PriceBook
+from orchestratord.repo.budgets import settle
 from orchestratord.repo.steps import cancel_requested_among, claim_queued, mark_running
 from orchestratord.tx import Tx
 
@@ -30,9 +32,16 @@ log = logging.getLogger(__name__)
 
 class Dispatcher:
     def __init__(
-        self, db: Database, pools: PoolRegistry, writer: EventWriter, *, poll_s: float = 0.5
+        self,
+        db: Database,
+        pools: PoolRegistry,
+        writer: EventWriter,
+        prices: PriceBook,
+        *,
+        poll_s: float = 0.5,
     ) -> None:
         self.db = db
+        self.prices = prices
         self.pools = pools
         self.writer = writer
         self.poll_s = poll_s
@@ -86,23 +95,23 @@ class Dispatcher:
                 try:
                     async with self.db.write() as session:
                         rows = await claim_queued(session, pool_id=pool.pool_id, limit=free)
-                        for step_id, run_id, position, stype, inp, seed in rows:
+                        for step, run in rows:
                             replica = pool.acquire()
                             if replica is None:
                                 break
-                            claimed.append(
-                                (ClaimedStep(step_id, run_id, position, stype, inp, seed), replica)
-                            )
+                            model = (step.input or {}).get("model") or pool.model_name
+                            price = self.prices.get(run.price_table).price_for(pool.engine, model)
+                            claimed.append((ClaimedStep(step, run, price), replica))
                             await mark_running(
-                                session, step_id=step_id, replica_id=replica.replica_id
+                                session, step_id=step.step_id, replica_id=replica.replica_id
                             )
                 except BaseException:
                     for _, replica in claimed:
                         pool.release(replica)
                     raise
-                for step, replica in claimed:
-                    execution = Execution(step, pool, replica, self.writer, self._finished)
-                    self.executions[step.step_id] = execution
+                for item, replica in claimed:
+                    execution = Execution(item, pool, replica, self.writer, self._finished)
+                    self.executions[execution.step_id] = execution
                     execution.start()
                 started += len(claimed)
                 if len(rows) < free or not claimed:
@@ -110,7 +119,7 @@ class Dispatcher:
         return started
 
     def _finished(self, execution: Execution) -> None:
-        self.executions.pop(execution.step.step_id, None)
+        self.executions.pop(execution.step_id, None)
         execution.pool.release(execution.replica)
         self.wake()
 
@@ -173,4 +182,5 @@ async def recover_orphans(tx: Tx) -> int:
         step.status = StepStatus.FAILED.value
         step.error = body
         step.ended_at = clock.now()
+        await settle(session, step=step, tokens_in=0, tokens_out=0, cost_usd=0.0)
     return len(steps)

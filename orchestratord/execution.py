@@ -1,10 +1,17 @@
-"""Running one claimed step on one replica: adapter events in, the step's event log out."""
+"""Running one claimed step on one replica: adapter events in, the step's event log out.
+
+The step is stopped early, with ``stop_reason: "budget"``, when it reaches the deadline its
+wall and cost budgets allow, or when its ``max_tokens`` was clamped by the budget and it
+reaches that clamp. Redact rules of the run's policy apply to the tokens before they are
+stored or streamed.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -13,26 +20,30 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from orchestrator_core import clock
+from orchestrator_core.budgets import Limits, step_deadline_ms
 from orchestrator_core.event_order import EventType
-from orchestrator_core.generation import LlmInput, normalize_llm_input
+from orchestrator_core.generation import normalize_llm_input
 from orchestrator_core.lifecycle import StepStatus
+from orchestrator_core.policy import PolicySubject, RulePolicy, StreamRedactor
+from orchestrator_core.pricing import Price
 from orchestratord.db.models import Run, Step
+from orchestratord.engine_requests import generation_request
 from orchestratord.eventlog import EventWriter, StepLog
 from orchestratord.pools import Pool, Replica
+from orchestratord.repo.budgets import settle
 from orchestratord.repo.steps import settle_run_after_step
-from worker_adapters import AdapterError, EngineUnavailable, Finish, GenerationRequest, Token
+from worker_adapters import AdapterError, EngineUnavailable, Finish, Token
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class ClaimedStep:
-    step_id: str
-    run_id: str
-    position: int
-    type: str
-    input: dict[str, Any]
-    seed: int
+    """Snapshots of a claimed step and its run, plus what the dispatcher resolved."""
+
+    step: Step
+    run: Run
+    price: Price
 
 
 @dataclass
@@ -42,59 +53,45 @@ class _Progress:
     finish: Finish | None = None
 
 
-def to_request(step: ClaimedStep, llm: LlmInput) -> GenerationRequest:
-    p = llm.params
-    return GenerationRequest(
-        request_id=step.step_id,
-        prompt=llm.prompt,
-        messages=None
-        if llm.messages is None
-        else tuple({"role": m.role, "content": m.content} for m in llm.messages),
-        seed=step.seed,
-        max_tokens=p.max_tokens,
-        temperature=p.temperature,
-        top_p=p.top_p,
-        top_k=p.top_k,
-        stop=p.stop,
-        model=llm.model,
-        logprobs=p.logprobs,
-        json_schema=p.json_schema,
-    )
-
-
 class Execution:
     def __init__(
         self,
-        step: ClaimedStep,
+        claimed: ClaimedStep,
         pool: Pool,
         replica: Replica,
         writer: EventWriter,
         on_done: Callable[[Execution], None],
     ) -> None:
-        self.step = step
+        self.claimed = claimed
+        self.step_id = claimed.step.step_id
         self.pool = pool
         self.replica = replica
         self.writer = writer
         self.on_done = on_done
         self.cancel_event = asyncio.Event()
+        self.budget_stop = False
         self.task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
-        self.task = asyncio.create_task(self._guarded(), name=f"step-{self.step.step_id}")
+        self.task = asyncio.create_task(self._guarded(), name=f"step-{self.step_id}")
 
     def request_cancel(self) -> None:
+        self.cancel_event.set()
+
+    def _stop_for_budget(self) -> None:
+        self.budget_stop = True
         self.cancel_event.set()
 
     async def _guarded(self) -> None:
         try:
             await self.run()
         except Exception:
-            log.exception("step %s: execution failed", self.step.step_id)
+            log.exception("step %s: execution failed", self.step_id)
         finally:
             self.on_done(self)
 
     async def run(self) -> None:
-        step, replica = self.step, self.replica
+        step, run, replica = self.claimed.step, self.claimed.run, self.replica
         caps = self.pool.capabilities
         steplog = StepLog(self.writer, step.run_id, step.step_id)
         steplog.emit_nowait(
@@ -112,13 +109,36 @@ class Execution:
             params=inp.get("params"),
             model=inp.get("model"),
         )
-        request = to_request(step, llm)
+        granted = step.max_tokens_granted or llm.params.max_tokens
+        request = generation_request(
+            llm, request_id=step.step_id, seed=run.seed, max_tokens=granted
+        )
+        decision = RulePolicy.from_policy(run.policy).evaluate(
+            PolicySubject(
+                step_type=step.type,
+                model=inp.get("model") or self.pool.model_name,
+                pool=self.pool.pool_id,
+            )
+        )
+        redactor = StreamRedactor(decision.patterns) if decision.patterns else None
+        run_limits = Limits.from_dict(run.budgets)
+        deadline = step_deadline_ms(
+            run=run_limits,
+            step=Limits.from_dict(step.budgets),
+            run_elapsed_ms=(clock.now() - run.created_at).total_seconds() * 1000,
+            decode_seconds=step.decode_seconds_granted,
+        )
+        timer = (
+            asyncio.get_running_loop().call_later(deadline / 1000, self._stop_for_budget)
+            if deadline is not None
+            else None
+        )
         progress = _Progress()
         started = clock.clock.monotonic()
         error: AdapterError | None = None
-        cancelled = False
+        stopped = False
         gen = replica.adapter.stream(request)
-        consume = asyncio.create_task(self._consume(gen, steplog, progress))
+        consume = asyncio.create_task(self._consume(gen, steplog, progress, redactor))
         waiter = asyncio.create_task(self.cancel_event.wait())
         try:
             done, _ = await asyncio.wait({consume, waiter}, return_when=asyncio.FIRST_COMPLETED)
@@ -128,7 +148,7 @@ class Execution:
                 except AdapterError as exc:
                     error = exc
             else:
-                cancelled = True
+                stopped = True
                 consume.cancel()
                 with contextlib.suppress(asyncio.CancelledError, AdapterError):
                     await consume
@@ -136,14 +156,19 @@ class Execution:
                     await replica.adapter.cancel(request.request_id)
         finally:
             waiter.cancel()
+            if timer is not None:
+                timer.cancel()
             with contextlib.suppress(Exception):
                 await gen.aclose()  # type: ignore[attr-defined]
-        decode_ms = round((clock.clock.monotonic() - started) * 1000, 3)
+        decode_s = clock.clock.monotonic() - started
+        if step.decode_seconds_granted is not None:
+            decode_s = min(decode_s, step.decode_seconds_granted)  # stopped there: no more paid
         finish = progress.finish
         tokens_out = len(progress.parts)
         tokens_in = finish.tokens_in if finish else 0
+        cost = self.claimed.price.cost(tokens_in, tokens_out, decode_s)
         provenance = {
-            "seed": step.seed,
+            "seed": run.seed,
             "prompt_hash": llm.prompt_hash,
             "params_hash": llm.params_hash,
             "engine": caps.get("engine", self.pool.engine),
@@ -153,11 +178,13 @@ class Execution:
             "replica_id": replica.replica_id,
             "tokens_in": tokens_in,
             "tokens_out": tokens_out,
-            "cost_usd": 0.0,
-            "decode_time_ms": decode_ms,
+            "cost_usd": cost,
+            "decode_time_ms": round(decode_s * 1000, 3),
+            "price_table": run.price_table,
+            "policy_hash": run.policy_hash,
         }
         text = "".join(progress.parts)
-        if error is not None and not cancelled:
+        if error is not None and not stopped:
             code = "POOL_UNAVAILABLE" if isinstance(error, EngineUnavailable) else "ENGINE_ERROR"
             body = {
                 "code": code,
@@ -177,7 +204,13 @@ class Execution:
                 self._finalizer(StepStatus.FAILED, provenance, text, progress, None, body),
             )
             return
-        stop_reason = "cancelled" if cancelled else (finish.stop_reason if finish else "eos")
+        if stopped:
+            stop_reason = "budget" if self.budget_stop else "cancelled"
+        else:
+            stop_reason = finish.stop_reason if finish else "eos"
+            if stop_reason == "length" and step.budget_clamped and tokens_out >= granted:
+                stop_reason = "budget"
+        status = StepStatus.CANCELLED if stop_reason == "cancelled" else StepStatus.SUCCEEDED
         await steplog.close(
             EventType.END,
             {
@@ -186,14 +219,7 @@ class Execution:
                 "tokens_out": tokens_out,
                 "provenance": provenance,
             },
-            self._finalizer(
-                StepStatus.CANCELLED if cancelled else StepStatus.SUCCEEDED,
-                provenance,
-                text,
-                progress,
-                stop_reason,
-                None,
-            ),
+            self._finalizer(status, provenance, text, progress, stop_reason, None),
         )
         log.info(
             "step ended",
@@ -205,23 +231,38 @@ class Execution:
             },
         )
 
-    async def _consume(self, gen: Any, steplog: StepLog, progress: _Progress) -> None:
+    async def _consume(
+        self, gen: Any, steplog: StepLog, progress: _Progress, redactor: StreamRedactor | None
+    ) -> None:
         writer = self.writer
+        held: deque[Token] = deque()
+
+        def emit(token: Token, text: str) -> None:
+            payload: dict[str, object] = {
+                "i": len(progress.parts),
+                "t": text,
+                "token_id": token.token_id,
+            }
+            if token.logprob is not None:
+                payload["logprob"] = token.logprob
+            steplog.emit_nowait(EventType.TOKEN, payload)
+            progress.parts.append(text)
+            progress.token_ids.append(token.token_id)
+
         async for item in gen:
             if isinstance(item, Token):
-                payload: dict[str, object] = {
-                    "i": len(progress.parts),
-                    "t": item.text,
-                    "token_id": item.token_id,
-                }
-                if item.logprob is not None:
-                    payload["logprob"] = item.logprob
-                steplog.emit_nowait(EventType.TOKEN, payload)
-                progress.parts.append(item.text)
-                progress.token_ids.append(item.token_id)
+                if redactor is None:
+                    emit(item, item.text)
+                else:
+                    held.append(item)
+                    for text in redactor.push(item.text):
+                        emit(held.popleft(), text)
                 if writer.over_limit:
                     await writer.wait_drained()
             elif isinstance(item, Finish):
+                if redactor is not None:
+                    for text in redactor.flush():
+                        emit(held.popleft(), text)
                 progress.finish = item
                 return
 
@@ -234,7 +275,7 @@ class Execution:
         stop_reason: str | None,
         error: dict[str, Any] | None,
     ) -> Any:
-        step = self.step
+        step = self.claimed.step
 
         async def finalize(session: AsyncSession) -> None:
             await session.execute(
@@ -254,16 +295,14 @@ class Execution:
                     provenance=provenance,
                     error=error,
                 )
+                .execution_options(synchronize_session=False)
             )
-            await session.execute(
-                sa.update(Run)
-                .where(Run.run_id == step.run_id)
-                .values(
-                    tokens_in_used=Run.tokens_in_used + provenance["tokens_in"],
-                    tokens_out_used=Run.tokens_out_used + provenance["tokens_out"],
-                    cost_used_usd=Run.cost_used_usd + provenance["cost_usd"],
-                    updated_at=clock.now(),
-                )
+            await settle(
+                session,
+                step=step,
+                tokens_in=provenance["tokens_in"],
+                tokens_out=provenance["tokens_out"],
+                cost_usd=provenance["cost_usd"],
             )
             await settle_run_after_step(session, run_id=step.run_id)
 

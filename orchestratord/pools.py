@@ -9,7 +9,9 @@ from typing import Any
 
 from contracts.records import PoolOut, ReplicaOut
 from orchestrator_core.errors import NotFound
+from orchestrator_core.generation import LlmInput
 from orchestrator_core.placement import PoolView
+from orchestratord.engine_requests import generation_request
 from orchestratord.pool_config import PoolSpec, ReplicaSpec
 from orchestratord.settings import Settings
 from worker_adapters import Health, WorkerAdapter
@@ -49,6 +51,20 @@ class Pool:
     @property
     def free_slots(self) -> int:
         return sum(r.free for r in self.replicas)
+
+    @property
+    def model_name(self) -> str:
+        """The model the pool serves, as its engine reports it (what prices are keyed by)."""
+        return str(self.capabilities.get("model") or self.replicas[0].model or self.engine)
+
+    def count_prompt_tokens(self, llm: LlmInput) -> int:
+        """Prompt tokens by the engine's tokenizer; else UTF-8 bytes, an upper bound."""
+        request = generation_request(llm, request_id="count", seed=0, max_tokens=1)
+        for replica in self.replicas:
+            n = replica.adapter.count_tokens(request)
+            if n is not None:
+                return n
+        return len(request.rendered_prompt().encode())
 
     def acquire(self) -> Replica | None:
         """Take a slot on the replica with most free slots (ties: smallest replica id)."""

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Coroutine
 from contextlib import asynccontextmanager
 from typing import Any
 
+from orchestrator_core.admission import AdmissionPolicy
 from orchestratord.db.engine import Database
 from orchestratord.db.migrate import upgrade
 from orchestratord.dispatcher import Dispatcher, recover_orphans
@@ -15,7 +16,8 @@ from orchestratord.eventlog import EventWriter
 from orchestratord.hub import Hub
 from orchestratord.pool_config import load_pools_file, local_pool
 from orchestratord.pools import PoolRegistry, build_registry
-from orchestratord.repo.steps import cancel_step
+from orchestratord.prices import PriceBook
+from orchestratord.repo.steps import SubmitContext, cancel_step
 from orchestratord.settings import Settings
 from orchestratord.tx import Tx
 
@@ -38,8 +40,26 @@ class Orchestrator:
             )
             pools = build_registry(specs, settings)
         self.pools = pools
+        self.prices = (
+            PriceBook.load(settings.price_tables_dir)
+            if settings.price_tables_dir is not None
+            else PriceBook.load()
+        )
+        if settings.price_table is not None:
+            self.prices.get(settings.price_table)  # fail at start on an unknown version
+        adm = settings.admission
+        self.submit_context = SubmitContext(
+            pools=self.pools,
+            prices=self.prices,
+            admission=AdmissionPolicy(
+                capacity={"interactive": adm.interactive_capacity, "batch": adm.batch_capacity},
+                on_full=adm.on_full,
+                retry_after_ms=adm.retry_after_s * 1000,
+            ),
+            default_cancel_on_disconnect=settings.stream.cancel_on_disconnect,
+        )
         self.dispatcher = Dispatcher(
-            self.db, self.pools, self.writer, poll_s=settings.dispatch.poll_s
+            self.db, self.pools, self.writer, self.prices, poll_s=settings.dispatch.poll_s
         )
         self._background: set[asyncio.Task[object]] = set()
 

@@ -46,6 +46,18 @@ class DispatchSettings(BaseModel):
     )
 
 
+class AdmissionSettings(BaseModel):
+    interactive_capacity: int = Field(
+        default=1024, ge=0, description="Queued interactive steps the deployment holds"
+    )
+    batch_capacity: int = Field(default=4096, ge=0, description="Queued batch steps it holds")
+    on_full: Literal["reject", "drop-lru"] = Field(
+        default="reject",
+        description="When a queue is full: refuse the new step, or drop the oldest queued one",
+    )
+    retry_after_s: int = Field(default=1, ge=1, description="Retry-After sent with a 429")
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="ORCHESTRATORD_", env_nested_delimiter="__")
 
@@ -69,3 +81,10 @@ class Settings(BaseSettings):
     sim: SimSettings = Field(default_factory=SimSettings)
     stream: StreamSettings = Field(default_factory=StreamSettings)
     dispatch: DispatchSettings = Field(default_factory=DispatchSettings)
+    admission: AdmissionSettings = Field(default_factory=AdmissionSettings)
+    price_tables_dir: Path | None = Field(
+        default=None, description="Folder of price tables; default: the ones shipped"
+    )
+    price_table: str | None = Field(
+        default=None, description="Price table version for new runs; default: the latest"
+    )

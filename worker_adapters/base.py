@@ -104,5 +104,9 @@ class WorkerAdapter(abc.ABC):
     @abc.abstractmethod
     async def capabilities(self) -> Capabilities: ...
 
+    def count_tokens(self, request: GenerationRequest) -> int | None:
+        """Prompt tokens of ``request`` by the engine's own tokenizer, or None if it has none."""
+        return None
+
     async def aclose(self) -> None:  # noqa: B027 - optional hook, most adapters hold nothing
         """Release connections and threads held by the adapter."""

@@ -262,10 +262,10 @@ class LlamaAdapter(WorkerAdapter):
         assert self._caps is not None
         return self._caps
 
-    def count_tokens(self, text: str) -> int:
+    def count_tokens(self, request: GenerationRequest) -> int | None:
         if self._llm is None:
-            raise EngineUnavailable("model not loaded")
-        return len(self._llm.tokenize(text.encode(), add_bos=True, special=False))
+            return None
+        return len(self._prompt_tokens(request))
 
     async def aclose(self) -> None:
         for event in self._cancels.values():

@@ -143,6 +143,9 @@ class SimAdapter(WorkerAdapter):
             self._active.discard(rid)
             self._cancelled.discard(rid)
 
+    def count_tokens(self, request: GenerationRequest) -> int | None:
+        return sim_token_count(request.rendered_prompt())
+
     async def cancel(self, request_id: str) -> None:
         if request_id in self._active:
             self._cancelled.add(request_id)

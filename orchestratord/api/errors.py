@@ -10,12 +10,21 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from orchestrator_core import errors as E
+from orchestrator_core.admission import AdmissionReject, QueueFullDropLru
+from orchestrator_core.budgets import BudgetExceeded
+from orchestrator_core.policy import PolicyDenied
+from orchestrator_core.pricing import Unpriced
 from orchestratord.api.correlation import correlation_id
 from orchestratord.api.responses import JsonResponse
 
 log = logging.getLogger(__name__)
 
 STATUS: dict[type[E.OrchestratorError], int] = {
+    BudgetExceeded: 409,
+    Unpriced: 422,
+    PolicyDenied: 403,
+    AdmissionReject: 429,
+    QueueFullDropLru: 429,
     E.InvalidParams: 422,
     E.NotFound: 404,
     E.Conflict: 409,

@@ -70,6 +70,11 @@ class Run(Base):
     tokens_in_used: Mapped[int] = mapped_column(sa.BigInteger, default=0)
     tokens_out_used: Mapped[int] = mapped_column(sa.BigInteger, default=0)
     cost_used_usd: Mapped[float] = mapped_column(sa.Float, default=0.0)
+    tokens_in_reserved: Mapped[int] = mapped_column(sa.BigInteger, default=0)
+    tokens_out_reserved: Mapped[int] = mapped_column(sa.BigInteger, default=0)
+    cost_reserved_usd: Mapped[float] = mapped_column(sa.Float, default=0.0)
+    price_table: Mapped[str] = mapped_column(sa.String(64))
+    policy_hash: Mapped[str] = mapped_column(sa.String(80))
     step_count: Mapped[int] = mapped_column(sa.Integer, default=0)
     # Next run-level event cursor; bumped under the row lock so cursors follow commit order.
     event_seq: Mapped[int] = mapped_column(sa.BigInteger, default=0)
@@ -82,7 +87,8 @@ class Step(Base):
     __table_args__ = (
         sa.UniqueConstraint("run_id", "client_token"),
         sa.UniqueConstraint("run_id", "position"),
-        sa.Index("ix_steps_dispatch", "status", "pool_id", "step_id"),
+        sa.Index("ix_steps_dispatch", "status", "pool_id", "priority_rank", "step_id"),
+        sa.Index("ix_steps_admission", "status", "priority", "step_id"),
     )
     step_id: Mapped[str] = mapped_column(sa.String(40), primary_key=True)
     run_id: Mapped[str] = mapped_column(sa.ForeignKey("runs.run_id"))
@@ -95,6 +101,15 @@ class Step(Base):
     placement: Mapped[Any | None] = mapped_column(Json, nullable=True)
     cancel_on_disconnect: Mapped[bool] = mapped_column(sa.Boolean)
     status: Mapped[str] = mapped_column(sa.String(16))
+    priority: Mapped[str] = mapped_column(sa.String(16))
+    priority_rank: Mapped[int] = mapped_column(sa.SmallInteger)
+    max_tokens_granted: Mapped[int | None] = mapped_column(sa.Integer)
+    budget_clamped: Mapped[bool] = mapped_column(sa.Boolean, default=False)
+    decode_seconds_granted: Mapped[float | None] = mapped_column(sa.Float)
+    tokens_in_reserved: Mapped[int] = mapped_column(sa.BigInteger, default=0)
+    tokens_out_reserved: Mapped[int] = mapped_column(sa.BigInteger, default=0)
+    cost_reserved_usd: Mapped[float] = mapped_column(sa.Float, default=0.0)
+    policy_decision: Mapped[dict[str, Any] | None] = mapped_column(Json)
     cancel_requested: Mapped[bool] = mapped_column(sa.Boolean, default=False)
     pool_id: Mapped[str | None] = mapped_column(sa.String(128))
     replica_id: Mapped[str | None] = mapped_column(sa.String(128))

@@ -12,9 +12,11 @@ from orchestrator_core import clock
 from orchestrator_core.errors import InvalidParams, NotFound, Unsupported
 from orchestrator_core.lifecycle import RunStatus, StepStatus, check_run_transition
 from orchestrator_core.placement import PoolView, validate_placement
+from orchestrator_core.policy import RulePolicy
 from orchestratord.db.models import Run, Step
+from orchestratord.prices import PriceBook
 from orchestratord.repo.flows import get_flow
-from orchestratord.repo.steps import cancel_step_row
+from orchestratord.repo.steps import end_unstarted
 from orchestratord.tx import Tx
 
 # Seeds the server picks fit in 32 bits, which every engine accepts.
@@ -22,7 +24,13 @@ _SERVER_SEED_BOUND = 2**32
 
 
 async def create_run(
-    session: AsyncSession, *, flow_id: str, body: RunCreate, pools: list[PoolView]
+    session: AsyncSession,
+    *,
+    flow_id: str,
+    body: RunCreate,
+    pools: list[PoolView],
+    prices: PriceBook,
+    price_table: str | None,
 ) -> Run:
     await get_flow(session, flow_id=flow_id)
     if body.source_run_id is not None:
@@ -34,6 +42,9 @@ async def create_run(
             f"mode {body.mode!r} is not served yet; only 'record' runs can be created",
             details={"field": "mode", "supported": ["record"]},
         )
+    policy = body.policy.model_dump(exclude_none=True)
+    evaluator = RulePolicy.from_policy(policy, field="policy")
+    table = prices.get(price_table) if price_table else prices.latest()
     pool_policy = placement_to_json(body.pool_policy)
     validate_placement(pool_policy, pools, field="pool_policy")
     now = clock.now()
@@ -45,7 +56,12 @@ async def create_run(
         source_run_id=body.source_run_id,
         status=RunStatus.RUNNING.value,
         budgets=body.budgets.model_dump(),
-        policy=body.policy.model_dump(),
+        policy=policy,
+        policy_hash=evaluator.policy_hash,
+        price_table=table.version,
+        tokens_in_reserved=0,
+        tokens_out_reserved=0,
+        cost_reserved_usd=0.0,
         pool_policy=pool_policy,
         fs_policy=body.fs_policy.model_dump(),
         cancel_on_disconnect=body.cancel_on_disconnect,
@@ -87,6 +103,8 @@ def run_view(run: Run) -> dict[str, Any]:
                 "policy",
                 "pool_policy",
                 "fs_policy",
+                "price_table",
+                "policy_hash",
                 "cancel_on_disconnect",
                 "step_count",
                 "created_at",
@@ -97,6 +115,11 @@ def run_view(run: Run) -> dict[str, Any]:
             "tokens_in": run.tokens_in_used,
             "tokens_out": run.tokens_out_used,
             "cost_usd": run.cost_used_usd,
+        },
+        "reserved": {
+            "tokens_in": run.tokens_in_reserved,
+            "tokens_out": run.tokens_out_reserved,
+            "cost_usd": run.cost_reserved_usd,
         },
     }
 
@@ -126,7 +149,7 @@ async def cancel_run(tx: Tx, *, run_id: str) -> tuple[str, list[str]]:
     running: list[str] = []
     for step in steps:
         if step.status == StepStatus.QUEUED.value:
-            await cancel_step_row(tx, step=step)
+            await end_unstarted(tx, step=step, status=StepStatus.CANCELLED)
         else:
             step.cancel_requested = True
             running.append(step.step_id)

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import logging
+from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
@@ -9,20 +11,29 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from contracts.common import placement_to_json
 from contracts.steps import LlmCallInput, StepCreate
-from orchestrator_core import clock
+from orchestrator_core import budgets, clock
+from orchestrator_core.admission import PRIORITY_RANK, AdmissionPolicy, admit, dropped_error
+from orchestrator_core.budgets import Limits
 from orchestrator_core.canonical import sha256_of
 from orchestrator_core.errors import Conflict, InvalidParams, NotFound, Unsupported
 from orchestrator_core.event_order import EventOrder, EventType
+from orchestrator_core.generation import normalize_llm_input
 from orchestrator_core.lifecycle import (
     RunStatus,
     StepStatus,
     check_run_accepts_steps,
     check_step_transition,
 )
-from orchestrator_core.placement import PoolView, choose_pool
+from orchestrator_core.placement import choose_pool
+from orchestrator_core.policy import Decision, PolicyDenied, PolicySubject, RulePolicy, redact_json
 from orchestratord.db.models import Run, Step
 from orchestratord.eventlog import make_event
+from orchestratord.pools import PoolRegistry
+from orchestratord.prices import PriceBook
+from orchestratord.repo.budgets import read_ledger, reserve, settle
 from orchestratord.tx import Tx
+
+policy_log = logging.getLogger("orchestratord.policy")
 
 SERVED_STEP_TYPES = ("llm_call",)
 
@@ -51,15 +62,25 @@ def validate_step_input(step_type: str, raw: dict[str, Any]) -> dict[str, Any]:
     return parsed.model_dump(mode="json", exclude_none=True)
 
 
+@dataclass(frozen=True)
+class SubmitContext:
+    """What submission needs from the running service."""
+
+    pools: PoolRegistry
+    prices: PriceBook
+    admission: AdmissionPolicy
+    default_cancel_on_disconnect: bool
+
+
 async def submit_step(
-    session: AsyncSession,
-    *,
-    run_id: str,
-    body: StepCreate,
-    pools: list[PoolView],
-    default_cancel_on_disconnect: bool,
+    tx: Tx, *, run_id: str, body: StepCreate, ctx: SubmitContext
 ) -> tuple[Step, bool]:
-    """Store a step once per (run, client_token); a repeat returns the first (created=False)."""
+    """Store a step once per (run, client_token); a repeat returns the first (created=False).
+
+    In order: idempotency, input validation, placement, policy (deny, redact), price,
+    admission, then the budget reservation and the insert in one savepoint.
+    """
+    session = tx.session
     run = await session.get(Run, run_id)
     if run is None:
         raise NotFound("run", run_id)
@@ -71,10 +92,29 @@ async def submit_step(
     step_input = validate_step_input(body.type, body.input)
     placement = placement_to_json(body.placement)
     effective = placement if placement is not None else run.pool_policy
-    pool_id = choose_pool(effective, pools, field="placement" if placement else "pool_policy")
+    pool_id = choose_pool(
+        effective, ctx.pools.views(), field="placement" if placement else "pool_policy"
+    )
+    pool = ctx.pools.require(pool_id)
+    model = step_input.get("model") or pool.model_name
+    subject = PolicySubject(step_type=body.type, model=model, pool=pool_id)
+    decision = enforce_logged(run.run_id, RulePolicy.from_policy(run.policy), subject)
+    if decision.patterns:
+        step_input = redact_json(step_input, decision.patterns)
+    price = ctx.prices.get(run.price_table).price_for(pool.engine, model)
+    llm = normalize_llm_input(
+        prompt=step_input.get("prompt"),
+        messages=step_input.get("messages"),
+        params=step_input.get("params"),
+        model=step_input.get("model"),
+    )
+    tokens_in = pool.count_prompt_tokens(llm)
+    verdict = await _admit(session, ctx.admission, body.priority, postgres=not _is_sqlite(session))
     cod = body.cancel_on_disconnect
     if cod is None:
         cod = run.cancel_on_disconnect
+    run_limits = Limits.from_dict(run.budgets)
+    step_limits = Limits.from_dict(body.budgets.model_dump() if body.budgets else None)
     try:
         async with session.begin_nested():
             position = (
@@ -83,8 +123,21 @@ async def submit_step(
                     .where(Run.run_id == run_id)
                     .values(step_count=Run.step_count + 1, updated_at=clock.now())
                     .returning(Run.step_count)
+                    .execution_options(synchronize_session=False)
                 )
             ).scalar_one() - 1
+            reservation = budgets.plan(
+                run=run_limits,
+                step=step_limits,
+                ledger=await read_ledger(session, run_id=run_id),
+                tokens_in=tokens_in,
+                max_tokens=llm.params.max_tokens,
+                price=price,
+                run_elapsed_ms=(clock.now() - run.created_at).total_seconds() * 1000,
+            )
+            await reserve(session, run_id=run_id, limits=run_limits, reservation=reservation)
+            if verdict == "drop_oldest":
+                await _drop_oldest(tx, ctx.admission, body.priority)
             step = Step(
                 step_id=clock.new_id("step"),
                 run_id=run_id,
@@ -95,8 +148,20 @@ async def submit_step(
                 input=step_input,
                 budgets=body.budgets.model_dump() if body.budgets else None,
                 placement=placement,
-                cancel_on_disconnect=default_cancel_on_disconnect if cod is None else cod,
+                cancel_on_disconnect=ctx.default_cancel_on_disconnect if cod is None else cod,
                 status=StepStatus.QUEUED.value,
+                priority=body.priority,
+                priority_rank=PRIORITY_RANK[body.priority],
+                max_tokens_granted=reservation.tokens_out,
+                budget_clamped=reservation.clamped,
+                decode_seconds_granted=reservation.decode_seconds,
+                tokens_in_reserved=reservation.tokens_in,
+                tokens_out_reserved=reservation.tokens_out,
+                cost_reserved_usd=reservation.cost_usd,
+                policy_decision={
+                    "rule_id": decision.rule_id,
+                    "redactions": [r.rule_id for r in decision.redactions],
+                },
                 cancel_requested=False,
                 pool_id=pool_id,
                 tokens_in=0,
@@ -112,6 +177,65 @@ async def submit_step(
             raise
         return _same_request(existing, request_hash), False
     return step, True
+
+
+def _is_sqlite(session: AsyncSession) -> bool:
+    return session.get_bind().dialect.name == "sqlite"
+
+
+def enforce_logged(run_id: str, policy: RulePolicy, subject: PolicySubject) -> Decision:
+    """Evaluate the policy; every decision is logged with the rule that made it."""
+    decision = policy.evaluate(subject)
+    policy_log.info(
+        "policy %s by %s for %s",
+        "allowed" if decision.allowed else "denied",
+        decision.rule_id or "default",
+        subject.as_dict(),
+        extra={
+            "run_id": run_id,
+            "rule_id": decision.rule_id,
+            "allowed": decision.allowed,
+            "redactions": [r.rule_id for r in decision.redactions],
+        },
+    )
+    if not decision.allowed:
+        raise PolicyDenied(decision.rule_id or "", subject)
+    return decision
+
+
+async def _admit(
+    session: AsyncSession, policy: AdmissionPolicy, priority: str, *, postgres: bool
+) -> str:
+    if postgres:  # one admitter per priority at a time across processes
+        await session.execute(
+            sa.text("SELECT pg_advisory_xact_lock(:key)"),
+            {"key": 70_000 + PRIORITY_RANK[priority]},
+        )
+    queued = (
+        await session.execute(
+            sa.select(sa.func.count())
+            .select_from(Step)
+            .where(Step.status == StepStatus.QUEUED.value, Step.priority == priority)
+        )
+    ).scalar_one()
+    return admit(policy, priority=priority, queued=queued)
+
+
+async def _drop_oldest(tx: Tx, policy: AdmissionPolicy, priority: str) -> None:
+    """Make room: the step that waited longest in this queue ends with QUEUE_FULL_DROP_LRU."""
+    victim = (
+        await tx.session.execute(
+            sa.select(Step)
+            .where(Step.status == StepStatus.QUEUED.value, Step.priority == priority)
+            .order_by(Step.step_id)
+            .limit(1)
+            .with_for_update(skip_locked=True)
+        )
+    ).scalar_one_or_none()
+    if victim is None:
+        return
+    error = dropped_error(priority, policy.capacity[priority])
+    await end_unstarted(tx, step=victim, status=StepStatus.FAILED, error=error.body())
 
 
 async def _by_token(session: AsyncSession, run_id: str, token: str) -> Step | None:
@@ -169,38 +293,66 @@ def step_view(step: Step) -> dict[str, Any]:
             )
         },
         "status": status,
+        "priority": step.priority,
         "usage": {
             "tokens_in": step.tokens_in,
             "tokens_out": step.tokens_out,
             "cost_usd": step.cost_usd,
         },
+        "reserved": {
+            "tokens_in": step.tokens_in_reserved,
+            "tokens_out": step.tokens_out_reserved,
+            "cost_usd": step.cost_reserved_usd,
+        },
+        "max_tokens_granted": step.max_tokens_granted,
+        "budget_clamped": step.budget_clamped,
+        "policy_decision": step.policy_decision,
     }
 
 
-async def cancel_step_row(tx: Tx, *, step: Step) -> None:
-    """Cancel a step that never started: its whole log is ``started``, ``end{cancelled}``."""
-    check_step_transition(StepStatus(step.status), StepStatus.CANCELLED)
-    step.status = StepStatus.CANCELLED.value
+async def end_unstarted(
+    tx: Tx, *, step: Step, status: StepStatus, error: dict[str, Any] | None = None
+) -> None:
+    """End a step that never started: ``started`` then ``end{cancelled}`` or ``error``.
+
+    Its reservation goes back to the run.
+    """
+    check_step_transition(StepStatus(step.status), status)
+    step.status = status.value
     step.ended_at = clock.now()
-    step.output = {"text": "", "token_ids": [], "stop_reason": "cancelled"}
+    step.output = {
+        "text": "",
+        "token_ids": [],
+        "stop_reason": "cancelled" if error is None else None,
+    }
+    step.error = error
     order = EventOrder()
-    events = [
-        make_event(
-            step.run_id,
-            step.step_id,
-            order.accept(EventType.STARTED),
-            "started",
-            {"pool_id": step.pool_id, "replica_id": None, "engine": None},
-        ),
-        make_event(
+    started = make_event(
+        step.run_id,
+        step.step_id,
+        order.accept(EventType.STARTED),
+        "started",
+        {"pool_id": step.pool_id, "replica_id": None, "engine": None},
+    )
+    if error is None:
+        last = make_event(
             step.run_id,
             step.step_id,
             order.accept(EventType.END),
             "end",
             {"stop_reason": "cancelled", "tokens_in": 0, "tokens_out": 0, "provenance": None},
-        ),
-    ]
-    await tx.append_events(events)
+        )
+    else:
+        last = make_event(
+            step.run_id,
+            step.step_id,
+            order.accept(EventType.ERROR),
+            "error",
+            {**error, "correlation_id": None},
+        )
+    await tx.append_events([started, last])
+    await settle(tx.session, step=step, tokens_in=0, tokens_out=0, cost_usd=0.0)
+    await settle_run_after_step(tx.session, run_id=step.run_id)
 
 
 async def cancel_step(tx: Tx, *, step_id: str) -> tuple[str, bool]:
@@ -210,8 +362,7 @@ async def cancel_step(tx: Tx, *, step_id: str) -> tuple[str, bool]:
     if status.terminal:
         return step.status, False
     if status is StepStatus.QUEUED:
-        await cancel_step_row(tx, step=step)
-        await settle_run_after_step(tx.session, run_id=step.run_id)
+        await end_unstarted(tx, step=step, status=StepStatus.CANCELLED)
         return step.status, False
     step.cancel_requested = True
     return "cancelling", True
@@ -219,19 +370,20 @@ async def cancel_step(tx: Tx, *, step_id: str) -> tuple[str, bool]:
 
 async def claim_queued(
     session: AsyncSession, *, pool_id: str, limit: int
-) -> list[tuple[str, str, int, str, dict[str, Any], int]]:
-    """Lock up to ``limit`` queued steps of a pool, oldest first (SKIP LOCKED on PostgreSQL)."""
+) -> list[tuple[Step, Run]]:
+    """Lock up to ``limit`` queued steps of a pool: interactive before batch, FIFO within
+    a priority (SKIP LOCKED on PostgreSQL, so processes never claim the same step)."""
     rows = (
         await session.execute(
-            sa.select(Step.step_id, Step.run_id, Step.position, Step.type, Step.input, Run.seed)
+            sa.select(Step, Run)
             .join(Run, Run.run_id == Step.run_id)
             .where(Step.status == StepStatus.QUEUED.value, Step.pool_id == pool_id)
-            .order_by(Step.step_id)
+            .order_by(Step.priority_rank, Step.step_id)
             .limit(limit)
             .with_for_update(of=Step, skip_locked=True)
         )
     ).all()
-    return [tuple(r) for r in rows]
+    return [(step, run) for step, run in rows]
 
 
 async def mark_running(session: AsyncSession, *, step_id: str, replica_id: str) -> None:

@@ -61,28 +61,30 @@ def test_text_through_orchestratord_equals_the_engine(tmp_path: Path, gguf: Path
             )
         )
         db = f"sqlite:///{tmp_path / 'o.db'}"
-        with orchestratord(tmp_path, "--database-url", db, "--pools", str(pools)) as base:
-            with httpx.Client(base_url=base, timeout=120) as c:
-                pool = c.get("/v1/pools/llamacpp").json()
-                assert pool["health"] == "ready"
-                flow = c.post("/v1/flows", json={"ast": {"x": 1}}).json()
-                run = c.post(f"/v1/flows/{flow['flow_id']}/runs", json={"seed": 17}).json()
-                step = c.post(
-                    f"/v1/runs/{run['run_id']}/steps",
-                    json={
-                        "type": "llm_call",
-                        "client_token": "a",
-                        "input": {
-                            "prompt": ask["prompt"],
-                            "params": {"max_tokens": 20, "temperature": 0},
-                        },
+        with (
+            orchestratord(tmp_path, "--database-url", db, "--pools", str(pools)) as base,
+            httpx.Client(base_url=base, timeout=120) as c,
+        ):
+            pool = c.get("/v1/pools/llamacpp").json()
+            assert pool["health"] == "ready"
+            flow = c.post("/v1/flows", json={"ast": {"x": 1}}).json()
+            run = c.post(f"/v1/flows/{flow['flow_id']}/runs", json={"seed": 17}).json()
+            step = c.post(
+                f"/v1/runs/{run['run_id']}/steps",
+                json={
+                    "type": "llm_call",
+                    "client_token": "a",
+                    "input": {
+                        "prompt": ask["prompt"],
+                        "params": {"max_tokens": 20, "temperature": 0},
                     },
-                ).json()
-                for _ in range(600):
-                    body = c.get(f"/v1/steps/{step['step_id']}").json()
-                    if body["status"] in ("succeeded", "failed"):
-                        break
-                    time.sleep(0.1)
+                },
+            ).json()
+            for _ in range(600):
+                body = c.get(f"/v1/steps/{step['step_id']}").json()
+                if body["status"] in ("succeeded", "failed"):
+                    break
+                time.sleep(0.1)
         assert body["status"] == "succeeded", body
         assert direct_text
         assert body["output"]["text"] == direct_text

@@ -7,6 +7,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 import pytest
@@ -32,11 +33,18 @@ class Rig:
 
 
 @pytest.fixture
-async def rig(db_url: str) -> AsyncIterator[Rig]:
+async def rig(db_url: str, tmp_path: Path) -> AsyncIterator[Rig]:
     fake = FakeState()
     fake_stack = contextlib.AsyncExitStack()
     fake_url = await fake_stack.enter_async_context(serve_app(create_fake_openai(fake)))
-    settings = make_settings(db_url)
+    prices = tmp_path / "prices"
+    prices.mkdir()
+    (prices / "2026-01-01.yaml").write_text(
+        'version: "2026-01-01"\nunpriced: refuse\nentries:\n'
+        "  - {engine: openai, model: fake-model, input_per_million_usd: 1.0,"
+        " output_per_million_usd: 2.0}\n"
+    )
+    settings = make_settings(db_url, price_tables_dir=prices)
     spec = PoolSpec(
         pool_id="gpu",
         engine="openai",

@@ -36,6 +36,8 @@ async def test_step_record_has_output_usage_and_provenance(client: httpx.AsyncCl
         "tokens_out",
         "cost_usd",
         "decode_time_ms",
+        "price_table",
+        "policy_hash",
     }
     assert prov["seed"] == 5
     assert HASH.match(prov["prompt_hash"]) and HASH.match(prov["params_hash"])

@@ -16,7 +16,12 @@ async def create_run(
 ) -> RunOut:
     async with orch.tx() as tx:
         run = await repo.create_run(
-            tx.session, flow_id=flow_id, body=body, pools=orch.pools.views()
+            tx.session,
+            flow_id=flow_id,
+            body=body,
+            pools=orch.pools.views(),
+            prices=orch.prices,
+            price_table=orch.settings.price_table,
         )
         return RunOut.model_validate(repo.run_view(run))
 

@@ -17,11 +17,7 @@ async def submit_step(
 ) -> StepAccepted:
     async with orch.tx() as tx:
         step, created = await repo.submit_step(
-            tx.session,
-            run_id=run_id,
-            body=body,
-            pools=orch.pools.views(),
-            default_cancel_on_disconnect=orch.settings.stream.cancel_on_disconnect,
+            tx, run_id=run_id, body=body, ctx=orch.submit_context
         )
         out = StepAccepted.model_validate(repo.step_view(step))
     if created:
