@@ -1,8 +1,9 @@
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Response
 
 from contracts.runs import CancelOut, RunCreate, RunOut
+from orchestratord.api.budget_headers import set_budget_headers
 from orchestratord.api.deps import orchestrator
 from orchestratord.repo import runs as repo
 from orchestratord.runtime import Orchestrator
@@ -12,7 +13,7 @@ router = APIRouter(tags=["runs"])
 
 @router.post("/v1/flows/{flow_id}/runs", status_code=201, response_model=RunOut)
 async def create_run(
-    flow_id: str, body: RunCreate, orch: Orchestrator = Depends(orchestrator)
+    flow_id: str, body: RunCreate, response: Response, orch: Orchestrator = Depends(orchestrator)
 ) -> RunOut:
     async with orch.tx() as tx:
         run = await repo.create_run(
@@ -23,13 +24,17 @@ async def create_run(
             prices=orch.prices,
             price_table=orch.settings.price_table,
         )
+        set_budget_headers(response, run)
         return RunOut.model_validate(repo.run_view(run))
 
 
 @router.get("/v1/runs/{run_id}", response_model=RunOut)
-async def get_run(run_id: str, orch: Orchestrator = Depends(orchestrator)) -> RunOut:
+async def get_run(
+    run_id: str, response: Response, orch: Orchestrator = Depends(orchestrator)
+) -> RunOut:
     async with orch.db.read() as session:
         run = await repo.get_run(session, run_id=run_id)
+        set_budget_headers(response, run)
         return RunOut.model_validate(repo.run_view(run))
 
 

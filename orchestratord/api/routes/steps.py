@@ -4,8 +4,10 @@ from fastapi import APIRouter, Depends, Response
 
 from contracts.runs import CancelOut
 from contracts.steps import StepAccepted, StepCreate, StepOut
+from orchestratord.api.budget_headers import set_budget_headers
 from orchestratord.api.deps import orchestrator
 from orchestratord.repo import steps as repo
+from orchestratord.repo.runs import get_run
 from orchestratord.runtime import Orchestrator
 
 router = APIRouter(tags=["steps"])
@@ -20,6 +22,7 @@ async def submit_step(
             tx, run_id=run_id, body=body, ctx=orch.submit_context
         )
         out = StepAccepted.model_validate(repo.step_view(step))
+        set_budget_headers(response, await get_run(tx.session, run_id=run_id))
     if created:
         orch.dispatcher.wake()
     else:
@@ -28,9 +31,12 @@ async def submit_step(
 
 
 @router.get("/v1/steps/{step_id}", response_model=StepOut)
-async def get_step(step_id: str, orch: Orchestrator = Depends(orchestrator)) -> StepOut:
+async def get_step(
+    step_id: str, response: Response, orch: Orchestrator = Depends(orchestrator)
+) -> StepOut:
     async with orch.db.read() as session:
         step = await repo.get_step(session, step_id=step_id)
+        set_budget_headers(response, await get_run(session, run_id=step.run_id))
         return StepOut.model_validate(repo.step_view(step))
 
 
