@@ -22,7 +22,9 @@ from sqlalchemy.ext.asyncio import (
     create_async_engine,
 )
 
-SQLITE_BUSY_TIMEOUT_MS = 30_000
+from orchestratord.db.inline_sqlite import inline_creator
+
+SQLITE_BUSY_TIMEOUT_MS = 5_000
 
 
 def to_async_url(url: str) -> str:
@@ -44,9 +46,16 @@ class Database:
         self.dialect = make_url(self.url).get_backend_name()
         kwargs: dict[str, Any] = {"echo": echo}
         if self.is_sqlite:
-            kwargs["connect_args"] = {"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000}
+            database = make_url(self.url).database
+            if database and database != ":memory:":
+                kwargs["async_creator"] = inline_creator(
+                    database, timeout_s=SQLITE_BUSY_TIMEOUT_MS / 1000
+                )
+            else:
+                kwargs["connect_args"] = {"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000}
         else:
-            kwargs.update(pool_size=10, max_overflow=20, pool_pre_ping=True)
+            # Connections that broke are invalidated on their first error; no ping per checkout.
+            kwargs.update(pool_size=10, max_overflow=20)
         self.engine: AsyncEngine = create_async_engine(self.url, **kwargs)
         if self.is_sqlite:
             _install_sqlite_hooks(self.engine)
