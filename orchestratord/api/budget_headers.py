@@ -11,23 +11,15 @@ from fastapi import Response
 from orchestrator_core import clock
 from orchestrator_core.budgets import Ledger, Limits, remaining
 from orchestratord.db.models import Run
+from orchestratord.repo.steps import ledger_of
 
 
-def set_budget_headers(response: Response, run: Run) -> None:
+def set_budget_headers(response: Response, run: Run, ledger: Ledger | None = None) -> None:
+    """Headers from the run's budgets; ``ledger`` when the caller holds a fresher one."""
     limits = Limits.from_dict(run.budgets)
     if not limits.any:
         return
-    left = remaining(
-        limits,
-        Ledger(
-            used_in=run.tokens_in_used,
-            used_out=run.tokens_out_used,
-            used_cost=run.cost_used_usd,
-            reserved_in=run.tokens_in_reserved,
-            reserved_out=run.tokens_out_reserved,
-            reserved_cost=run.cost_reserved_usd,
-        ),
-    )
+    left = remaining(limits, ledger or ledger_of(run))
     if left.tokens_out is not None:
         response.headers["X-Budget-Tokens-Remaining"] = str(left.tokens_out)
     if limits.max_wall_ms is not None:

@@ -7,7 +7,6 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from orchestrator_core import clock
 from orchestrator_core.budgets import Ledger, Limits, Reservation
-from orchestrator_core.errors import Conflict
 from orchestratord.db.models import Run, Step
 
 
@@ -29,11 +28,12 @@ async def read_ledger(session: AsyncSession, *, run_id: str) -> Ledger:
 
 async def reserve(
     session: AsyncSession, *, run_id: str, limits: Limits, reservation: Reservation
-) -> None:
-    """Add the reservation to the run, only if it still fits: one conditional UPDATE.
+) -> tuple[int, Ledger] | None:
+    """Take the step's position and add its reservation, only if it still fits.
 
-    The condition re-checks every limit inside the database, so two processes racing for
-    the last tokens cannot both win, whatever they read before.
+    One conditional UPDATE: the condition re-checks every limit inside the database, so two
+    processes racing for the last tokens cannot both win, whatever they read before. Returns
+    (position, the run's ledger after it), or None when it no longer fits.
     """
     conditions = [Run.run_id == run_id]
     if limits.max_tokens_in is not None:
@@ -51,18 +51,32 @@ async def reserve(
             Run.cost_used_usd + Run.cost_reserved_usd + reservation.cost_usd
             <= limits.max_cost_usd + 1e-9
         )
-    result = await session.execute(
-        sa.update(Run)
-        .where(*conditions)
-        .values(
-            tokens_in_reserved=Run.tokens_in_reserved + reservation.tokens_in,
-            tokens_out_reserved=Run.tokens_out_reserved + reservation.tokens_out,
-            cost_reserved_usd=Run.cost_reserved_usd + reservation.cost_usd,
+    row = (
+        await session.execute(
+            sa.update(Run)
+            .where(*conditions)
+            .values(
+                step_count=Run.step_count + 1,
+                updated_at=clock.now(),
+                tokens_in_reserved=Run.tokens_in_reserved + reservation.tokens_in,
+                tokens_out_reserved=Run.tokens_out_reserved + reservation.tokens_out,
+                cost_reserved_usd=Run.cost_reserved_usd + reservation.cost_usd,
+            )
+            .returning(
+                Run.step_count,
+                Run.tokens_in_used,
+                Run.tokens_out_used,
+                Run.cost_used_usd,
+                Run.tokens_in_reserved,
+                Run.tokens_out_reserved,
+                Run.cost_reserved_usd,
+            )
+            .execution_options(synchronize_session=False)
         )
-        .execution_options(synchronize_session=False)
-    )
-    if result.rowcount != 1:  # type: ignore[attr-defined]
-        raise Conflict("the run's budget changed while reserving; retry", retriable=True)
+    ).first()
+    if row is None:
+        return None
+    return row[0] - 1, Ledger(*row[1:])
 
 
 async def settle(

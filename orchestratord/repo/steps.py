@@ -13,7 +13,7 @@ from contracts.common import placement_to_json
 from contracts.steps import LlmCallInput, StepCreate
 from orchestrator_core import budgets, clock
 from orchestrator_core.admission import PRIORITY_RANK, AdmissionPolicy, admit, dropped_error
-from orchestrator_core.budgets import Limits
+from orchestrator_core.budgets import BudgetExceeded, Ledger, Limits
 from orchestrator_core.canonical import sha256_of
 from orchestrator_core.errors import Conflict, InvalidParams, NotFound, Unsupported
 from orchestrator_core.event_order import EventOrder, EventType
@@ -72,9 +72,7 @@ class SubmitContext:
     default_cancel_on_disconnect: bool
 
 
-async def submit_step(
-    tx: Tx, *, run_id: str, body: StepCreate, ctx: SubmitContext
-) -> tuple[Step, bool]:
+async def submit_step(tx: Tx, *, run_id: str, body: StepCreate, ctx: SubmitContext) -> Submitted:
     """Store a step once per (run, client_token); a repeat returns the first (created=False).
 
     In order: idempotency, input validation, placement, policy (deny, redact), price,
@@ -87,7 +85,7 @@ async def submit_step(
     request_hash = sha256_of(body.model_dump(mode="json", exclude={"client_token"}))
     existing = await _by_token(session, run_id, body.client_token)
     if existing is not None:
-        return _same_request(existing, request_hash), False
+        return Submitted(_same_request(existing, request_hash), False, ledger_of(run))
     check_run_accepts_steps(RunStatus(run.status))
     step_input = validate_step_input(body.type, body.input)
     placement = placement_to_json(body.placement)
@@ -115,68 +113,103 @@ async def submit_step(
         cod = run.cancel_on_disconnect
     run_limits = Limits.from_dict(run.budgets)
     step_limits = Limits.from_dict(body.budgets.model_dump() if body.budgets else None)
+
+    async def reserve_and_insert() -> Step:
+        ledger = ledger_of(run)  # current on SQLite (the write lock is ours); re-read if stale
+        for attempt in range(3):
+            try:
+                reservation = budgets.plan(
+                    run=run_limits,
+                    step=step_limits,
+                    ledger=ledger,
+                    tokens_in=tokens_in,
+                    max_tokens=llm.params.max_tokens,
+                    price=price,
+                    run_elapsed_ms=(clock.now() - run.created_at).total_seconds() * 1000,
+                )
+            except BudgetExceeded:
+                if attempt == 0 and not sqlite:
+                    ledger = await read_ledger(session, run_id=run_id)
+                    continue
+                raise
+            taken = await reserve(
+                session, run_id=run_id, limits=run_limits, reservation=reservation
+            )
+            if taken is not None:
+                break
+            ledger = await read_ledger(session, run_id=run_id)
+        else:
+            raise Conflict("the run's budget kept changing while reserving; retry", retriable=True)
+        position, ledger_after[0] = taken
+        if verdict == "drop_oldest":
+            await _drop_oldest(tx, ctx.admission, body.priority)
+        step = Step(
+            step_id=clock.new_id("step"),
+            run_id=run_id,
+            position=position,
+            type=body.type,
+            client_token=body.client_token,
+            request_hash=request_hash,
+            input=step_input,
+            budgets=body.budgets.model_dump() if body.budgets else None,
+            placement=placement,
+            cancel_on_disconnect=ctx.default_cancel_on_disconnect if cod is None else cod,
+            status=StepStatus.QUEUED.value,
+            priority=body.priority,
+            priority_rank=PRIORITY_RANK[body.priority],
+            max_tokens_granted=reservation.tokens_out,
+            budget_clamped=reservation.clamped,
+            decode_seconds_granted=reservation.decode_seconds,
+            tokens_in_reserved=reservation.tokens_in,
+            tokens_out_reserved=reservation.tokens_out,
+            cost_reserved_usd=reservation.cost_usd,
+            policy_decision={
+                "rule_id": decision.rule_id,
+                "redactions": [r.rule_id for r in decision.redactions],
+            },
+            cancel_requested=False,
+            pool_id=pool_id,
+            tokens_in=0,
+            tokens_out=0,
+            cost_usd=0.0,
+            created_at=clock.now(),
+        )
+        session.add(step)
+        await session.flush()
+        return step
+
+    sqlite = _is_sqlite(session)
+    ledger_after: list[Ledger] = [ledger_of(run)]
+    if sqlite:  # writes are serialized: the token check above cannot be raced
+        step = await reserve_and_insert()
+        return Submitted(step, True, ledger_after[0])
     try:
         async with session.begin_nested():
-            position = (
-                await session.execute(
-                    sa.update(Run)
-                    .where(Run.run_id == run_id)
-                    .values(step_count=Run.step_count + 1, updated_at=clock.now())
-                    .returning(Run.step_count)
-                    .execution_options(synchronize_session=False)
-                )
-            ).scalar_one() - 1
-            reservation = budgets.plan(
-                run=run_limits,
-                step=step_limits,
-                ledger=await read_ledger(session, run_id=run_id),
-                tokens_in=tokens_in,
-                max_tokens=llm.params.max_tokens,
-                price=price,
-                run_elapsed_ms=(clock.now() - run.created_at).total_seconds() * 1000,
-            )
-            await reserve(session, run_id=run_id, limits=run_limits, reservation=reservation)
-            if verdict == "drop_oldest":
-                await _drop_oldest(tx, ctx.admission, body.priority)
-            step = Step(
-                step_id=clock.new_id("step"),
-                run_id=run_id,
-                position=position,
-                type=body.type,
-                client_token=body.client_token,
-                request_hash=request_hash,
-                input=step_input,
-                budgets=body.budgets.model_dump() if body.budgets else None,
-                placement=placement,
-                cancel_on_disconnect=ctx.default_cancel_on_disconnect if cod is None else cod,
-                status=StepStatus.QUEUED.value,
-                priority=body.priority,
-                priority_rank=PRIORITY_RANK[body.priority],
-                max_tokens_granted=reservation.tokens_out,
-                budget_clamped=reservation.clamped,
-                decode_seconds_granted=reservation.decode_seconds,
-                tokens_in_reserved=reservation.tokens_in,
-                tokens_out_reserved=reservation.tokens_out,
-                cost_reserved_usd=reservation.cost_usd,
-                policy_decision={
-                    "rule_id": decision.rule_id,
-                    "redactions": [r.rule_id for r in decision.redactions],
-                },
-                cancel_requested=False,
-                pool_id=pool_id,
-                tokens_in=0,
-                tokens_out=0,
-                cost_usd=0.0,
-                created_at=clock.now(),
-            )
-            session.add(step)
-            await session.flush()
+            step = await reserve_and_insert()
     except IntegrityError:
         existing = await _by_token(session, run_id, body.client_token)
         if existing is None:
             raise
-        return _same_request(existing, request_hash), False
-    return step, True
+        return Submitted(_same_request(existing, request_hash), False, ledger_of(run))
+    return Submitted(step, True, ledger_after[0])
+
+
+@dataclass(frozen=True)
+class Submitted:
+    step: Step
+    created: bool
+    ledger: Ledger  # the run's account after this submission
+
+
+def ledger_of(run: Run) -> Ledger:
+    return Ledger(
+        used_in=run.tokens_in_used,
+        used_out=run.tokens_out_used,
+        used_cost=run.cost_used_usd,
+        reserved_in=run.tokens_in_reserved,
+        reserved_out=run.tokens_out_reserved,
+        reserved_cost=run.cost_reserved_usd,
+    )
 
 
 def _is_sqlite(session: AsyncSession) -> bool:

@@ -6,6 +6,7 @@ from contracts.runs import CancelOut
 from contracts.steps import StepAccepted, StepCreate, StepOut
 from orchestratord.api.budget_headers import set_budget_headers
 from orchestratord.api.deps import orchestrator
+from orchestratord.db.models import Run
 from orchestratord.repo import steps as repo
 from orchestratord.repo.runs import get_run
 from orchestratord.runtime import Orchestrator
@@ -18,12 +19,12 @@ async def submit_step(
     run_id: str, body: StepCreate, response: Response, orch: Orchestrator = Depends(orchestrator)
 ) -> StepAccepted:
     async with orch.tx() as tx:
-        step, created = await repo.submit_step(
-            tx, run_id=run_id, body=body, ctx=orch.submit_context
-        )
-        out = StepAccepted.model_validate(repo.step_view(step))
-        set_budget_headers(response, await get_run(tx.session, run_id=run_id))
-    if created:
+        done = await repo.submit_step(tx, run_id=run_id, body=body, ctx=orch.submit_context)
+        out = StepAccepted(step_id=done.step.step_id, status=repo.step_view(done.step)["status"])
+        run = await tx.session.get(Run, run_id)
+        assert run is not None
+        set_budget_headers(response, run, done.ledger)
+    if done.created:
         orch.dispatcher.wake()
     else:
         response.status_code = 200
