@@ -26,6 +26,40 @@ async def read_ledger(session: AsyncSession, *, run_id: str) -> Ledger:
     return Ledger(*row)
 
 
+_NO_LIMIT = 2**62  # stands for an unset limit, so one prepared statement serves every run
+_RESERVE = (
+    sa.update(Run)
+    .where(
+        Run.run_id == sa.bindparam("b_run_id"),
+        Run.tokens_in_used + Run.tokens_in_reserved + sa.bindparam("tokens_in", type_=sa.BigInteger)
+        <= sa.bindparam("max_in", type_=sa.BigInteger),
+        Run.tokens_out_used
+        + Run.tokens_out_reserved
+        + sa.bindparam("tokens_out", type_=sa.BigInteger)
+        <= sa.bindparam("max_out", type_=sa.BigInteger),
+        Run.cost_used_usd + Run.cost_reserved_usd + sa.bindparam("cost", type_=sa.Float)
+        <= sa.bindparam("max_cost", type_=sa.Float),
+    )
+    .values(
+        step_count=Run.step_count + 1,
+        updated_at=sa.bindparam("b_now", type_=Run.__table__.c.updated_at.type),
+        tokens_in_reserved=Run.tokens_in_reserved + sa.bindparam("tokens_in"),
+        tokens_out_reserved=Run.tokens_out_reserved + sa.bindparam("tokens_out"),
+        cost_reserved_usd=Run.cost_reserved_usd + sa.bindparam("cost"),
+    )
+    .returning(
+        Run.step_count,
+        Run.tokens_in_used,
+        Run.tokens_out_used,
+        Run.cost_used_usd,
+        Run.tokens_in_reserved,
+        Run.tokens_out_reserved,
+        Run.cost_reserved_usd,
+    )
+    .execution_options(synchronize_session=False)
+)
+
+
 async def reserve(
     session: AsyncSession, *, run_id: str, limits: Limits, reservation: Reservation
 ) -> tuple[int, Ledger] | None:
@@ -35,45 +69,17 @@ async def reserve(
     processes racing for the last tokens cannot both win, whatever they read before. Returns
     (position, the run's ledger after it), or None when it no longer fits.
     """
-    conditions = [Run.run_id == run_id]
-    if limits.max_tokens_in is not None:
-        conditions.append(
-            Run.tokens_in_used + Run.tokens_in_reserved + reservation.tokens_in
-            <= limits.max_tokens_in
-        )
-    if limits.max_tokens_out is not None:
-        conditions.append(
-            Run.tokens_out_used + Run.tokens_out_reserved + reservation.tokens_out
-            <= limits.max_tokens_out
-        )
-    if limits.max_cost_usd is not None:
-        conditions.append(
-            Run.cost_used_usd + Run.cost_reserved_usd + reservation.cost_usd
-            <= limits.max_cost_usd + 1e-9
-        )
-    row = (
-        await session.execute(
-            sa.update(Run)
-            .where(*conditions)
-            .values(
-                step_count=Run.step_count + 1,
-                updated_at=clock.now(),
-                tokens_in_reserved=Run.tokens_in_reserved + reservation.tokens_in,
-                tokens_out_reserved=Run.tokens_out_reserved + reservation.tokens_out,
-                cost_reserved_usd=Run.cost_reserved_usd + reservation.cost_usd,
-            )
-            .returning(
-                Run.step_count,
-                Run.tokens_in_used,
-                Run.tokens_out_used,
-                Run.cost_used_usd,
-                Run.tokens_in_reserved,
-                Run.tokens_out_reserved,
-                Run.cost_reserved_usd,
-            )
-            .execution_options(synchronize_session=False)
-        )
-    ).first()
+    params = {
+        "b_run_id": run_id,
+        "tokens_in": reservation.tokens_in,
+        "tokens_out": reservation.tokens_out,
+        "cost": reservation.cost_usd,
+        "max_in": _NO_LIMIT if limits.max_tokens_in is None else limits.max_tokens_in,
+        "max_out": _NO_LIMIT if limits.max_tokens_out is None else limits.max_tokens_out,
+        "max_cost": float(_NO_LIMIT) if limits.max_cost_usd is None else limits.max_cost_usd + 1e-9,
+        "b_now": clock.now(),
+    }
+    row = (await session.execute(_RESERVE, params)).first()
     if row is None:
         return None
     return row[0] - 1, Ledger(*row[1:])
