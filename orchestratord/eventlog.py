@@ -19,7 +19,7 @@ import logging
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import orjson
 import sqlalchemy as sa
@@ -55,26 +55,34 @@ def make_event(
     return LogEvent(run_id, step_id, seq, etype, orjson.dumps(body))
 
 
+_EVENTS = cast(sa.Table, Event.__table__)
+_RUNS = cast(sa.Table, Run.__table__)
+# Prepared once: Core statements skip the ORM's per-row bulk machinery on the hot path.
+_INSERT_EVENTS = _EVENTS.insert()
+_TAKE_RUN_SEQ = (
+    _RUNS.update()
+    .where(_RUNS.c.run_id == sa.bindparam("b_run_id"))
+    .values(event_seq=_RUNS.c.event_seq + sa.bindparam("b_count", type_=sa.BigInteger))
+    .returning(_RUNS.c.event_seq)
+)
+
+
 async def insert_events(session: AsyncSession, events: Sequence[LogEvent]) -> None:
     """Append ``events`` in this transaction, assigning their run cursors."""
+    conn = await session.connection()
     per_run: dict[str, list[LogEvent]] = defaultdict(list)
     for ev in events:
         per_run[ev.run_id].append(ev)
     for run_id in sorted(per_run):  # a fixed lock order: no deadlock between writers
         batch = per_run[run_id]
         top = (
-            await session.execute(
-                sa.update(Run)
-                .where(Run.run_id == run_id)
-                .values(event_seq=Run.event_seq + len(batch))
-                .returning(Run.event_seq)
-            )
+            await conn.execute(_TAKE_RUN_SEQ, {"b_run_id": run_id, "b_count": len(batch)})
         ).scalar_one()
         first = top - len(batch)
         for offset, ev in enumerate(batch):
             ev.run_seq = first + offset
-    await session.execute(
-        sa.insert(Event),
+    await conn.execute(
+        _INSERT_EVENTS,
         [
             {
                 "run_id": ev.run_id,
