@@ -58,7 +58,12 @@ def make_event(
 _EVENTS = cast(sa.Table, Event.__table__)
 _RUNS = cast(sa.Table, Run.__table__)
 # Prepared once: Core statements skip the ORM's per-row bulk machinery on the hot path.
-_INSERT_EVENTS = _EVENTS.insert()
+_INSERT_SQL = {
+    "qmark": "INSERT INTO events (run_id, run_seq, step_id, seq, type, data) "
+    "VALUES (?, ?, ?, ?, ?, ?)",
+    "numeric_dollar": "INSERT INTO events (run_id, run_seq, step_id, seq, type, data) "
+    "VALUES ($1, $2, $3, $4, $5, $6)",
+}
 _TAKE_RUN_SEQ = (
     _RUNS.update()
     .where(_RUNS.c.run_id == sa.bindparam("b_run_id"))
@@ -81,19 +86,10 @@ async def insert_events(session: AsyncSession, events: Sequence[LogEvent]) -> No
         first = top - len(batch)
         for offset, ev in enumerate(batch):
             ev.run_seq = first + offset
-    await conn.execute(
-        _INSERT_EVENTS,
-        [
-            {
-                "run_id": ev.run_id,
-                "run_seq": ev.run_seq,
-                "step_id": ev.step_id,
-                "seq": ev.seq,
-                "type": ev.type,
-                "data": ev.data.decode(),
-            }
-            for ev in events
-        ],
+    # The driver's own executemany with plain tuples: per row, no parameter processing.
+    await conn.exec_driver_sql(
+        _INSERT_SQL[conn.dialect.paramstyle],
+        [(ev.run_id, ev.run_seq, ev.step_id, ev.seq, ev.type, ev.data.decode()) for ev in events],
     )
 
 
