@@ -238,14 +238,18 @@ class Execution:
         held: deque[Token] = deque()
 
         def emit(token: Token, text: str) -> None:
-            payload: dict[str, object] = {
-                "i": len(progress.parts),
-                "t": text,
-                "token_id": token.token_id,
-            }
-            if token.logprob is not None:
-                payload["logprob"] = token.logprob
-            steplog.emit_nowait(EventType.TOKEN, payload)
+            if token.logprob is None:
+                steplog.token_nowait(len(progress.parts), text, token.token_id)
+            else:
+                steplog.emit_nowait(
+                    EventType.TOKEN,
+                    {
+                        "i": len(progress.parts),
+                        "t": text,
+                        "token_id": token.token_id,
+                        "logprob": token.logprob,
+                    },
+                )
             progress.parts.append(text)
             progress.token_ids.append(token.token_id)
 

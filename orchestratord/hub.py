@@ -9,7 +9,6 @@ by another process never reach this hub: followers also re-read the log every ``
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections import defaultdict, deque
 from collections.abc import Callable
 
@@ -53,17 +52,19 @@ class Channel:
         end = min(len(self._buf), start + limit)
         return [self._buf[i] for i in range(start, end)]
 
-    async def wait(self, cursor: int, timeout: float) -> None:
-        """Return when an event at ``cursor`` or later may be available, or after ``timeout``."""
+    async def wait(self, cursor: int, timeout: float) -> bool:
+        """Wait for an event at ``cursor`` or later; False when ``timeout`` passed first."""
         if self.last >= cursor:
-            return
+            return True
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters.add(fut)
         try:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(fut, timeout)
+            await asyncio.wait_for(fut, timeout)
+        except TimeoutError:
+            return False
         finally:
             self._waiters.discard(fut)
+        return True
 
 
 def _step_cursor(ev: LogEvent) -> int:

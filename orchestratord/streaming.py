@@ -41,9 +41,11 @@ async def _follow(
     state: dict[str, bool],
     ended_before: EndedBefore | None = None,
 ) -> AsyncIterator[bytes]:
+    look_in_log = True  # at the start, and after a quiet wait: writes of other processes
     while True:
         events = channel.take(cursor, batch)
-        if events is None or (not events and channel.last < cursor):
+        if events is None or (not events and look_in_log):
+            look_in_log = False
             events = await read(cursor, batch)
             if not events and ended_before is not None and await ended_before(cursor):
                 state["ended"] = True  # resumed after the terminal event: nothing follows
@@ -56,7 +58,7 @@ async def _follow(
                 state["ended"] = True
                 return
             continue
-        await channel.wait(cursor, poll_s)
+        look_in_log = not await channel.wait(cursor, poll_s)
 
 
 async def follow_step(

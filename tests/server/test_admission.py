@@ -15,9 +15,11 @@ from tests.helpers import make_run, read_stream, wait_status
 
 
 async def _client(db_url: str, **admission: Any) -> AsyncIterator[httpx.AsyncClient]:
-    settings = make_settings(db_url, sim={"tokens_per_s": 100.0, "slots": 1},
-                             admission={"interactive_capacity": 2, "batch_capacity": 2,
-                                        **admission})
+    settings = make_settings(
+        db_url,
+        sim={"tokens_per_s": 100.0, "slots": 1},
+        admission={"interactive_capacity": 2, "batch_capacity": 2, **admission},
+    )
     orch = Orchestrator(settings)
     await orch.start()
     try:
@@ -40,11 +42,23 @@ async def dropping(db_url: str) -> AsyncIterator[httpx.AsyncClient]:
         yield c
 
 
-async def step(c: httpx.AsyncClient, run_id: str, token: str, *, priority: str = "interactive",
-               max_tokens: int = 5) -> httpx.Response:
-    return await c.post(f"/v1/runs/{run_id}/steps", json={
-        "type": "llm_call", "client_token": token, "priority": priority,
-        "input": {"prompt": "x", "params": {"max_tokens": max_tokens}}})
+async def step(
+    c: httpx.AsyncClient,
+    run_id: str,
+    token: str,
+    *,
+    priority: str = "interactive",
+    max_tokens: int = 5,
+) -> httpx.Response:
+    return await c.post(
+        f"/v1/runs/{run_id}/steps",
+        json={
+            "type": "llm_call",
+            "client_token": token,
+            "priority": priority,
+            "input": {"prompt": "x", "params": {"max_tokens": max_tokens}},
+        },
+    )
 
 
 async def test_full_queue_rejects_with_retry_after(rejecting: httpx.AsyncClient) -> None:
@@ -108,7 +122,10 @@ async def test_interactive_first_then_fifo(rejecting: httpx.AsyncClient) -> None
     busy = (await step(c, run_id, "busy", max_tokens=50)).json()["step_id"]
     await wait_status(c, busy, "running")
     order = [
-        ("b1", "batch"), ("i1", "interactive"), ("b2", "batch"), ("i2", "interactive"),
+        ("b1", "batch"),
+        ("i1", "interactive"),
+        ("b2", "batch"),
+        ("i2", "interactive"),
     ]
     ids = {t: (await step(c, run_id, t, priority=p)).json()["step_id"] for t, p in order}
     started = {}

@@ -54,3 +54,32 @@ async def test_writer_groups_commits(client: httpx.AsyncClient, orch: Orchestrat
         await wait_status(client, sid, "succeeded")
     events = 8 * 202
     assert orch.writer.commits - before < events / 4  # many events per transaction
+
+
+def test_token_template_equals_the_generic_encoding() -> None:
+    from orchestratord.eventlog import EventWriter, StepLog
+
+    captured = []
+
+    class Sink(EventWriter):
+        def __init__(self) -> None:
+            pass
+
+        def append_one_nowait(self, event):  # type: ignore[no-untyped-def]
+            captured.append(event)
+
+        def append_nowait(self, events):  # type: ignore[no-untyped-def]
+            captured.extend(events)
+
+    from orchestrator_core.event_order import EventType
+
+    fast, slow = StepLog(Sink(), "run_1", "step_x"), StepLog(Sink(), "run_1", "step_x")
+    for log in (fast, slow):
+        log.emit_nowait(EventType.STARTED, {})
+    for i, (text, tid) in enumerate([("a", 1), ('q"uo\\te\n', None), ("é💡", 7)]):
+        fast.token_nowait(i, text, tid)
+        slow.emit_nowait(EventType.TOKEN, {"i": i, "t": text, "token_id": tid})
+    fast_tokens = [e for e in captured[::1] if e.type == "token"][0::2]
+    slow_tokens = [e for e in captured if e.type == "token"][1::2]
+    assert [e.data for e in fast_tokens] == [e.data for e in slow_tokens]
+    assert [e.seq for e in fast_tokens] == [1, 2, 3]
