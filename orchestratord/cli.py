@@ -57,6 +57,7 @@ def serve(args: argparse.Namespace) -> int:
         log_level=settings.log_level,
         log_config=None,
         timeout_graceful_shutdown=5,
+        timeout_keep_alive=75,  # longer than the idle timeout of usual load balancers
     )
     return 0
 
