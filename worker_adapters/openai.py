@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
+import orjson
 
 from worker_adapters.base import (
     AdapterEvent,
@@ -111,11 +112,8 @@ class OpenAIAdapter(WorkerAdapter):
                 if response.status_code >= 400:
                     await response.aread()
                     raise _status_error(response)
-                async for line in response.aiter_lines():
-                    if not line.startswith("data:"):
-                        continue
-                    payload = line[5:].strip()
-                    if payload == "[DONE]":
+                async for payload in _data_lines(response):
+                    if payload == b"[DONE]":
                         done = True
                         break
                     chunk = _parse_chunk(payload)
@@ -210,10 +208,23 @@ class OpenAIAdapter(WorkerAdapter):
         await self._client.aclose()
 
 
-def _parse_chunk(payload: str) -> dict[str, Any]:
+async def _data_lines(response: httpx.Response) -> AsyncIterator[bytes]:
+    """The payloads of the SSE ``data:`` lines, split from raw bytes (no text decoding)."""
+    pending = b""
+    async for block in response.aiter_bytes():
+        pending += block
+        *lines, pending = pending.split(b"\n")
+        for line in lines:
+            if line.startswith(b"data:"):
+                yield line[5:].strip()
+    if pending.startswith(b"data:"):
+        yield pending[5:].strip()
+
+
+def _parse_chunk(payload: bytes) -> dict[str, Any]:
     try:
-        chunk = json.loads(payload)
-    except ValueError as exc:
+        chunk = orjson.loads(payload)
+    except orjson.JSONDecodeError as exc:
         raise EngineFailure(f"malformed stream chunk: {payload[:80]!r}", retriable=True) from exc
     if not isinstance(chunk, dict):
         raise EngineFailure(f"malformed stream chunk: {payload[:80]!r}", retriable=True)
