@@ -8,8 +8,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from orchestratord.yaml_files import line_of, read_yaml
 
 EngineKind = Literal["sim", "llama", "openai", "kakeya", "salience", "uma"]
 
@@ -61,15 +62,7 @@ class PoolConfigError(ValueError):
 
 
 def load_pools_file(path: Path) -> list[PoolSpec]:
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise PoolConfigError(f"{path}: cannot read: {exc.strerror}") from exc
-    try:
-        node = yaml.compose(text)
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise PoolConfigError(f"{path}: not valid YAML: {exc}") from exc
+    node, data = read_yaml(path, PoolConfigError)
     try:
         return PoolsFile.model_validate(data).pools
     except ValidationError as exc:
@@ -77,29 +70,10 @@ def load_pools_file(path: Path) -> list[PoolSpec]:
         for err in exc.errors():
             loc = [p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-"))]
             where = ".".join(str(p) for p in loc) or "(top level)"
-            line = _line_of(node, loc)
+            line = line_of(node, loc)
             at = f" (line {line})" if line else ""
             lines.append(f"{path}: {where}{at}: {err['msg']}")
         raise PoolConfigError("\n".join(lines)) from exc
-
-
-def _line_of(node: yaml.Node | None, loc: list[Any]) -> int | None:
-    """1-based line of the YAML node at ``loc``, or of its nearest existing parent."""
-    line = node.start_mark.line + 1 if node is not None else None
-    for part in loc:
-        if isinstance(node, yaml.MappingNode) and isinstance(part, str):
-            match = next((v for k, v in node.value if k.value == part), None)
-        elif (
-            isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value)
-        ):
-            match = node.value[part]
-        else:
-            match = None
-        if match is None:
-            break
-        node = match
-        line = node.start_mark.line + 1
-    return line
 
 
 def local_pool(engine: EngineKind, *, slots: int) -> list[PoolSpec]:

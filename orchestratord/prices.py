@@ -18,7 +18,8 @@ import yaml
 
 from orchestrator_core.errors import InvalidParams, NotFound
 from orchestrator_core.pricing import PriceTable
-from orchestratord.pool_config import EngineKind, _line_of
+from orchestratord.pool_config import EngineKind
+from orchestratord.yaml_files import line_of, read_yaml
 
 PRICE_DIR = Path(__file__).with_name("price_tables")
 ENGINES = frozenset(get_args(EngineKind))
@@ -65,15 +66,7 @@ def _duplicate_key(node: yaml.Node | None) -> tuple[str, int] | None:
 
 
 def load_price_table(path: Path) -> PriceTable:
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise PriceConfigError(f"{path}: cannot read: {exc.strerror}") from exc
-    try:
-        node = yaml.compose(text)
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise PriceConfigError(f"{path}: not valid YAML: {exc}") from exc
+    node, data = read_yaml(path, PriceConfigError)
     duplicate = _duplicate_key(node)
     if duplicate:
         key, key_line = duplicate
@@ -81,12 +74,12 @@ def load_price_table(path: Path) -> PriceTable:
     try:
         table = PriceTable.from_dict(data, source=str(path), engines=ENGINES)
     except InvalidParams as exc:
-        line = _line_of(node, _loc(exc.field))
+        line = line_of(node, _loc(exc.field))
         at = f" (line {line})" if line else ""
         message = exc.message.removeprefix(f"{exc.field}: ")
         raise PriceConfigError(f"{path}: {exc.field}{at}: {message}") from exc
     if table.version != path.stem:
-        line = _line_of(node, ["version"])
+        line = line_of(node, ["version"])
         raise PriceConfigError(
             f"{path}: version (line {line}): {table.version!r} does not match the file name;"
             f" a table's file is <version>.yaml ({path.stem!r} here)"
