@@ -78,12 +78,34 @@ async def insert_events(session: AsyncSession, events: Sequence[LogEvent]) -> No
     per_run: dict[str, list[LogEvent]] = defaultdict(list)
     for ev in events:
         per_run[ev.run_id].append(ev)
-    for run_id in sorted(per_run):  # a fixed lock order: no deadlock between writers
+    runs = sorted(per_run)  # a fixed lock order: no deadlock between writers
+    if len(runs) == 1:
+        tops = {
+            runs[0]: (
+                await conn.execute(
+                    _TAKE_RUN_SEQ, {"b_run_id": runs[0], "b_count": len(per_run[runs[0]])}
+                )
+            ).scalar_one()
+        }
+    else:  # one statement for every run in the batch
+        if conn.dialect.name == "postgresql":
+            await conn.execute(
+                sa.select(_RUNS.c.run_id)
+                .where(_RUNS.c.run_id.in_(runs))
+                .order_by(_RUNS.c.run_id)
+                .with_for_update(key_share=True)
+            )
+        counts = sa.case({r: len(per_run[r]) for r in runs}, value=_RUNS.c.run_id)
+        rows = await conn.execute(
+            _RUNS.update()
+            .where(_RUNS.c.run_id.in_(runs))
+            .values(event_seq=_RUNS.c.event_seq + counts)
+            .returning(_RUNS.c.run_id, _RUNS.c.event_seq)
+        )
+        tops = {run_id: top for run_id, top in rows}
+    for run_id in runs:
         batch = per_run[run_id]
-        top = (
-            await conn.execute(_TAKE_RUN_SEQ, {"b_run_id": run_id, "b_count": len(batch)})
-        ).scalar_one()
-        first = top - len(batch)
+        first = tops[run_id] - len(batch)
         for offset, ev in enumerate(batch):
             ev.run_seq = first + offset
     # The driver's own executemany with plain tuples: per row, no parameter processing.

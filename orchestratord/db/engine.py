@@ -55,7 +55,9 @@ class Database:
                 kwargs["connect_args"] = {"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000}
         else:
             # Connections that broke are invalidated on their first error; no ping per checkout.
-            kwargs.update(pool_size=10, max_overflow=20)
+            # Stream followers read in short sessions, but many at once: room for bursts
+            # without closing and reopening connections.
+            kwargs.update(pool_size=20, max_overflow=80, pool_timeout=30)
         self.engine: AsyncEngine = create_async_engine(self.url, **kwargs)
         if self.is_sqlite:
             _install_sqlite_hooks(self.engine)

@@ -83,3 +83,28 @@ def test_token_template_equals_the_generic_encoding() -> None:
     slow_tokens = [e for e in captured if e.type == "token"][1::2]
     assert [e.data for e in fast_tokens] == [e.data for e in slow_tokens]
     assert [e.seq for e in fast_tokens] == [1, 2, 3]
+
+
+async def test_many_runs_in_one_commit_keep_their_own_cursors(
+    client: httpx.AsyncClient, orch: Orchestrator
+) -> None:
+    runs = [await make_run(client) for _ in range(6)]
+    before = orch.writer.commits
+    subs = await asyncio.gather(*(submit(client, r, token="x", max_tokens=40) for r in runs))
+    for r in subs:
+        await wait_status(client, r.json()["step_id"], "succeeded")
+    async with orch.db.read() as s:
+        for run_id in runs:
+            seqs = (
+                (
+                    await s.execute(
+                        sa.select(Event.run_seq)
+                        .where(Event.run_id == run_id)
+                        .order_by(Event.run_seq)
+                    )
+                )
+                .scalars()
+                .all()
+            )
+            assert list(seqs) == list(range(42))
+    assert orch.writer.commits - before < 6 * 42  # runs shared commits
