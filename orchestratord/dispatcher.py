@@ -14,17 +14,19 @@ import logging
 
 import sqlalchemy as sa
 
-from orchestrator_core import clock
-from orchestrator_core.event_order import EventType
 from orchestrator_core.lifecycle import StepStatus
 from orchestratord.db.engine import Database
-from orchestratord.db.models import Event, Step
-from orchestratord.eventlog import EventWriter, make_event
+from orchestratord.db.models import Step
+from orchestratord.eventlog import EventWriter
 from orchestratord.execution import ClaimedStep, Execution
 from orchestratord.pools import PoolRegistry, Replica
 from orchestratord.prices import PriceBook
-from orchestratord.repo.budgets import settle
-from orchestratord.repo.steps import cancel_requested_among, claim_queued, mark_running
+from orchestratord.repo.steps import (
+    cancel_requested_among,
+    claim_queued,
+    end_interrupted,
+    mark_running,
+)
 from orchestratord.tx import Tx
 
 log = logging.getLogger(__name__)
@@ -151,36 +153,7 @@ async def recover_orphans(tx: Tx) -> int:
         .all()
     )
     for step in steps:
-        last = (
-            await session.execute(
-                sa.select(sa.func.max(Event.seq)).where(Event.step_id == step.step_id)
-            )
-        ).scalar_one()
-        seq = 0 if last is None else last + 1
-        events = []
-        if last is None:
-            events.append(
-                make_event(
-                    step.run_id,
-                    step.step_id,
-                    0,
-                    EventType.STARTED.value,
-                    {"pool_id": step.pool_id, "replica_id": step.replica_id, "engine": None},
-                )
-            )
-            seq = 1
-        body = {
-            "code": "INTERNAL",
-            "message": "the step was interrupted: orchestratord stopped while it ran",
-            "retriable": True,
-            "retry_after_ms": None,
-            "details": {},
-            "correlation_id": None,
-        }
-        events.append(make_event(step.run_id, step.step_id, seq, EventType.ERROR.value, body))
-        await tx.append_events(events)
-        step.status = StepStatus.FAILED.value
-        step.error = body
-        step.ended_at = clock.now()
-        await settle(session, step=step, tokens_in=0, tokens_out=0, cost_usd=0.0)
+        await end_interrupted(
+            tx, step=step, message="the step was interrupted: orchestratord stopped while it ran"
+        )
     return len(steps)

@@ -170,8 +170,12 @@ async def step_ended_before(db: Database, step_id: str, cursor: int) -> bool:
 @dataclass
 class _Batch:
     events: list[LogEvent] = field(default_factory=list)
-    finalizers: list[Finalizer] = field(default_factory=list)
-    waiters: list[asyncio.Future[None]] = field(default_factory=list)
+    finalizers: list[tuple[str | None, Finalizer]] = field(default_factory=list)
+    waiters: list[tuple[str | None, asyncio.Future[None]]] = field(default_factory=list)
+
+
+class EventLogError(RuntimeError):
+    """Events of this step could not be written; its log must not go on past the gap."""
 
 
 class EventWriter:
@@ -189,7 +193,7 @@ class EventWriter:
         max_pending: int = 20000,
         retries: int = 3,
     ) -> None:
-        self._db = db
+        self.db = db
         self._publish = publish
         self._max_pending = max_pending
         self._retries = retries
@@ -200,6 +204,7 @@ class EventWriter:
         self._task: asyncio.Task[None] | None = None
         self._closing = False
         self.commits = 0
+        self.failed_steps: set[str] = set()
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="event-writer")
@@ -209,6 +214,10 @@ class EventWriter:
         self._wake.set()
         if self._task is not None:
             await self._task
+
+    def publish(self, events: list[LogEvent]) -> None:
+        """Hand events committed elsewhere to the live followers."""
+        self._publish(events)
 
     @property
     def pending(self) -> int:
@@ -225,6 +234,8 @@ class EventWriter:
         self._wake.set()
 
     def append_one_nowait(self, event: LogEvent) -> None:
+        if event.step_id in self.failed_steps:
+            raise EventLogError(f"the log of step {event.step_id} lost events")
         self._batch.events.append(event)
         if not self._wake.is_set():
             self._drained.clear()
@@ -241,12 +252,15 @@ class EventWriter:
         With ``wait`` the call returns once they are committed, and raises if they could not
         be. Otherwise it returns at once unless too many events are pending.
         """
+        step_id = events[0].step_id if events else None
+        if step_id in self.failed_steps:
+            raise EventLogError(f"the log of step {step_id} lost events")
         self.append_nowait(events)
         if finalizer is not None:
-            self._batch.finalizers.append(finalizer)
+            self._batch.finalizers.append((step_id, finalizer))
         if wait:
             fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            self._batch.waiters.append(fut)
+            self._batch.waiters.append((step_id, fut))
             await fut
         elif self.over_limit:
             await self._drained.wait()
@@ -265,25 +279,43 @@ class EventWriter:
     async def _commit(self, batch: _Batch) -> None:
         for attempt in range(self._retries + 1):
             try:
-                async with self._db.write() as session:
+                async with self.db.write() as session:
                     if batch.events:
                         await insert_events(session, batch.events)
-                    for finalizer in batch.finalizers:
+                    for _, finalizer in batch.finalizers:
                         await finalizer(session)
                 break
             except Exception as exc:
                 if attempt == self._retries:
                     log.exception("event log commit failed; %d events lost", len(batch.events))
-                    for fut in batch.waiters:
-                        if not fut.done():
-                            fut.set_exception(exc)
+                    self._poison(batch, exc)
                     return
                 await asyncio.sleep(0.05 * 2**attempt)
         self.commits += 1
         self._publish(batch.events)
-        for fut in batch.waiters:
+        for _, fut in batch.waiters:
             if not fut.done():
                 fut.set_result(None)
+
+    def _poison(self, batch: _Batch, exc: Exception) -> None:
+        """The batch is lost: its steps take no more events (the log would have a gap), and
+        what they already queued behind it is dropped."""
+        failed = {ev.step_id for ev in batch.events if ev.step_id is not None}
+        failed |= {sid for sid, _ in batch.finalizers if sid is not None}
+        self.failed_steps |= failed
+        error = EventLogError(f"event log commit failed: {exc}")
+        pending = self._batch
+        pending.events = [ev for ev in pending.events if ev.step_id not in failed]
+        pending.finalizers = [(s, f) for s, f in pending.finalizers if s not in failed]
+        lost = [w for w in pending.waiters if w[0] in failed]
+        pending.waiters = [w for w in pending.waiters if w[0] not in failed]
+        for _, fut in [*batch.waiters, *lost]:
+            if not fut.done():
+                fut.set_exception(error)
+
+    def forget(self, step_id: str) -> None:
+        """The step was ended from what its log holds; nothing more will be appended."""
+        self.failed_steps.discard(step_id)
 
 
 _TOKEN_JSON = b'{"step_id":"%s","seq":%d,"type":"token","i":%d,"t":%s,"token_id":%s}'

@@ -31,7 +31,8 @@ from orchestratord.engine_requests import generation_request
 from orchestratord.eventlog import EventWriter, StepLog
 from orchestratord.pools import Pool, Replica
 from orchestratord.repo.budgets import settle
-from orchestratord.repo.steps import settle_run_after_step
+from orchestratord.repo.steps import end_interrupted, get_step, settle_run_after_step
+from orchestratord.tx import Tx
 from worker_adapters import AdapterError, EngineUnavailable, Finish, Token
 
 log = logging.getLogger(__name__)
@@ -87,8 +88,26 @@ class Execution:
             await self.run()
         except Exception:
             log.exception("step %s: execution failed", self.step_id)
+            await self._end_after_failure()
         finally:
             self.on_done(self)
+
+    async def _end_after_failure(self) -> None:
+        """The log could not be written (or the code broke): end the step as a restart would,
+        so it is not left running."""
+        db = self.writer.db
+        try:
+            async with db.write() as session:
+                tx = Tx(session)
+                step = await get_step(session, step_id=self.step_id, lock=True)
+                if not StepStatus(step.status).terminal:
+                    await end_interrupted(
+                        tx, step=step, message="the step failed inside orchestratord; see its logs"
+                    )
+            self.writer.publish(tx.events)
+            self.writer.forget(self.step_id)
+        except Exception:
+            log.exception("step %s: could not be ended; a restart will end it", self.step_id)
 
     async def run(self) -> None:
         step, run, replica = self.claimed.step, self.claimed.run, self.replica

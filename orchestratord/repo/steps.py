@@ -26,7 +26,7 @@ from orchestrator_core.lifecycle import (
 )
 from orchestrator_core.placement import choose_pool
 from orchestrator_core.policy import Decision, PolicyDenied, PolicySubject, RulePolicy, redact_json
-from orchestratord.db.models import Run, Step
+from orchestratord.db.models import Event, Run, Step
 from orchestratord.eventlog import make_event
 from orchestratord.pools import PoolRegistry
 from orchestratord.prices import PriceBook
@@ -469,3 +469,46 @@ async def settle_run_after_step(session: AsyncSession, *, run_id: str) -> None:
     if live == 0:
         run.status = RunStatus.CANCELLED.value
         run.updated_at = clock.now()
+
+
+async def end_interrupted(tx: Tx, *, step: Step, message: str) -> None:
+    """End a running step whose execution is gone: an ``error`` event after what its log
+    holds (``started`` first if it has nothing), usage = the tokens it committed."""
+    session = tx.session
+    last, tokens = (
+        await session.execute(
+            sa.select(
+                sa.func.max(Event.seq),
+                sa.func.count().filter(Event.type == EventType.TOKEN.value),
+            ).where(Event.step_id == step.step_id)
+        )
+    ).one()
+    events = []
+    seq = 0 if last is None else last + 1
+    if last is None:
+        events.append(
+            make_event(
+                step.run_id,
+                step.step_id,
+                0,
+                EventType.STARTED.value,
+                {"pool_id": step.pool_id, "replica_id": step.replica_id, "engine": None},
+            )
+        )
+        seq = 1
+    body = {
+        "code": "INTERNAL",
+        "message": message,
+        "retriable": True,
+        "retry_after_ms": None,
+        "details": {"tokens_out": tokens},
+        "correlation_id": None,
+    }
+    events.append(make_event(step.run_id, step.step_id, seq, EventType.ERROR.value, body))
+    await tx.append_events(events)
+    step.status = StepStatus.FAILED.value
+    step.error = body
+    step.ended_at = clock.now()
+    step.tokens_out = tokens
+    await settle(session, step=step, tokens_in=0, tokens_out=tokens, cost_usd=0.0)
+    await settle_run_after_step(session, run_id=step.run_id)

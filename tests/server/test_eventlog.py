@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import httpx
+import pytest
 import sqlalchemy as sa
 
 from orchestratord.db.models import Event
@@ -108,3 +109,34 @@ async def test_many_runs_in_one_commit_keep_their_own_cursors(
             )
             assert list(seqs) == list(range(42))
     assert orch.writer.commits - before < 6 * 42  # runs shared commits
+
+
+async def test_a_log_that_cannot_be_written_ends_the_step(
+    client: httpx.AsyncClient, orch: Orchestrator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """When the writer gives up on a batch, the step ends failed instead of staying running."""
+    from orchestratord import eventlog
+
+    real = eventlog.insert_events
+
+    async def failing(session, events):  # type: ignore[no-untyped-def]
+        if any(ev.type == "token" for ev in events):
+            raise RuntimeError("disk full")
+        await real(session, events)
+
+    monkeypatch.setattr(eventlog, "insert_events", failing)
+    run_id = await make_run(client)
+    step_id = (await submit(client, run_id, max_tokens=20)).json()["step_id"]
+    step = await wait_status(client, step_id, "failed", "succeeded")
+    assert step["status"] == "failed"
+    assert step["error"]["code"] == "INTERNAL" and step["error"]["retriable"] is True
+    async with orch.db.read() as s:
+        rows = (
+            await s.execute(
+                sa.select(Event.seq, Event.type).where(Event.step_id == step_id).order_by(Event.seq)
+            )
+        ).all()
+    assert [r.seq for r in rows] == list(range(len(rows)))
+    assert rows[-1].type == "error"
+    run = (await client.get(f"/v1/runs/{run_id}")).json()
+    assert run["reserved"]["tokens_out"] == 0
