@@ -27,7 +27,11 @@ log = logging.getLogger(__name__)
 class Orchestrator:
     def __init__(self, settings: Settings, *, pools: PoolRegistry | None = None) -> None:
         self.settings = settings
-        self.db = Database(settings.database_url)
+        self.db = Database(
+            settings.database_url,
+            pool_size=settings.db_pool_size,
+            max_overflow=settings.db_max_overflow,
+        )
         self.hub = Hub(buffer_events=settings.stream.buffer_events)
         self.writer = EventWriter(
             self.db, self.hub.publish, max_pending=settings.dispatch.max_pending_events

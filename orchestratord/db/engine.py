@@ -41,7 +41,9 @@ def to_async_url(url: str) -> str:
 
 
 class Database:
-    def __init__(self, url: str, *, echo: bool = False) -> None:
+    def __init__(
+        self, url: str, *, echo: bool = False, pool_size: int = 10, max_overflow: int = 20
+    ) -> None:
         self.url = to_async_url(url)
         self.dialect = make_url(self.url).get_backend_name()
         kwargs: dict[str, Any] = {"echo": echo}
@@ -55,9 +57,9 @@ class Database:
                 kwargs["connect_args"] = {"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000}
         else:
             # Connections that broke are invalidated on their first error; no ping per checkout.
-            # Stream followers read in short sessions, but many at once: room for bursts
-            # without closing and reopening connections.
-            kwargs.update(pool_size=20, max_overflow=80, pool_timeout=30)
+            # Every process holds up to pool_size + max_overflow connections: keep the sum over
+            # all processes under the server's max_connections (100 by default).
+            kwargs.update(pool_size=pool_size, max_overflow=max_overflow, pool_timeout=30)
         self.engine: AsyncEngine = create_async_engine(self.url, **kwargs)
         if self.is_sqlite:
             _install_sqlite_hooks(self.engine)
