@@ -13,13 +13,10 @@ import contextlib
 import logging
 
 import sqlalchemy as sa
-from sqlalchemy.ext.asyncio import AsyncSession
 
-from orchestrator_core import clock
 from orchestrator_core.lifecycle import StepStatus
-from orchestrator_core.pricing import Price
 from orchestratord.db.engine import Database
-from orchestratord.db.models import Run, Step
+from orchestratord.db.models import Step
 from orchestratord.eventlog import EventWriter
 from orchestratord.execution import ClaimedStep, Execution
 from orchestratord.pools import PoolRegistry, Replica
@@ -122,47 +119,6 @@ class Dispatcher:
                 if len(rows) < free or not claimed:
                     break
         return started
-
-    async def claim_at_submit(
-        self, session: AsyncSession, *, step: Step, run: Run, price: Price
-    ) -> tuple[ClaimedStep, Replica] | None:
-        """Start a step in its own submission transaction when its pool has a free slot and
-        nothing of that pool waits ahead of it: no claim transaction, no dispatcher round trip.
-
-        The caller launches the result after commit, or abandons it if the transaction fails.
-        """
-        pool = self.pools.get(step.pool_id or "")
-        if pool is None or pool.free_slots <= 0:
-            return None
-        ahead = await session.execute(
-            sa.select(Step.step_id)
-            .where(
-                Step.status == StepStatus.QUEUED.value,
-                Step.pool_id == pool.pool_id,
-                Step.step_id != step.step_id,
-            )
-            .limit(1)
-        )
-        if ahead.first() is not None:
-            return None
-        replica = pool.acquire()
-        if replica is None:
-            return None
-        step.status = StepStatus.RUNNING.value
-        step.replica_id = replica.replica_id
-        step.started_at = clock.now()
-        return ClaimedStep(step, run, price), replica
-
-    def launch(self, claimed: tuple[ClaimedStep, Replica]) -> None:
-        item, replica = claimed
-        pool = self.pools.require(item.step.pool_id or "")
-        execution = Execution(item, pool, replica, self.writer, self._finished)
-        self.executions[execution.step_id] = execution
-        execution.start()
-
-    def abandon(self, claimed: tuple[ClaimedStep, Replica]) -> None:
-        item, replica = claimed
-        self.pools.require(item.step.pool_id or "").release(replica)
 
     def _finished(self, execution: Execution) -> None:
         self.executions.pop(execution.step_id, None)

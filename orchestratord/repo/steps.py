@@ -26,7 +26,6 @@ from orchestrator_core.lifecycle import (
 )
 from orchestrator_core.placement import choose_pool
 from orchestrator_core.policy import Decision, PolicyDenied, PolicySubject, RulePolicy, redact_json
-from orchestrator_core.pricing import Price
 from orchestratord.db.models import Event, Run, Step
 from orchestratord.eventlog import make_event
 from orchestratord.pools import PoolRegistry
@@ -86,7 +85,7 @@ async def submit_step(tx: Tx, *, run_id: str, body: StepCreate, ctx: SubmitConte
     request_hash = sha256_of(body.model_dump(mode="json", exclude={"client_token"}))
     existing = await _by_token(session, run_id, body.client_token)
     if existing is not None:
-        return Submitted(_same_request(existing, request_hash), False, ledger_of(run), run)
+        return Submitted(_same_request(existing, request_hash), False, ledger_of(run))
     check_run_accepts_steps(RunStatus(run.status))
     step_input = validate_step_input(body.type, body.input)
     placement = placement_to_json(body.placement)
@@ -183,7 +182,7 @@ async def submit_step(tx: Tx, *, run_id: str, body: StepCreate, ctx: SubmitConte
     ledger_after: list[Ledger] = [ledger_of(run)]
     if sqlite:  # writes are serialized: the token check above cannot be raced
         step = await reserve_and_insert()
-        return Submitted(step, True, ledger_after[0], run, price)
+        return Submitted(step, True, ledger_after[0])
     try:
         async with session.begin_nested():
             step = await reserve_and_insert()
@@ -191,8 +190,8 @@ async def submit_step(tx: Tx, *, run_id: str, body: StepCreate, ctx: SubmitConte
         existing = await _by_token(session, run_id, body.client_token)
         if existing is None:
             raise
-        return Submitted(_same_request(existing, request_hash), False, ledger_of(run), run)
-    return Submitted(step, True, ledger_after[0], run, price)
+        return Submitted(_same_request(existing, request_hash), False, ledger_of(run))
+    return Submitted(step, True, ledger_after[0])
 
 
 @dataclass(frozen=True)
@@ -200,8 +199,6 @@ class Submitted:
     step: Step
     created: bool
     ledger: Ledger  # the run's account after this submission
-    run: Run
-    price: Price | None = None  # set when created
 
 
 def ledger_of(run: Run) -> Ledger:

@@ -246,19 +246,3 @@ async def test_unknown_step_and_run(client: httpx.AsyncClient) -> None:
     assert (await client.post("/v1/steps/step_x/cancel")).status_code == 404
     r = await submit(client, "run_missing")
     assert r.status_code == 404
-
-
-async def test_free_slot_starts_the_step_in_its_submission(
-    client: httpx.AsyncClient, orch: Orchestrator
-) -> None:
-    run_id = await make_run(client)
-    r = await submit(client, run_id, token="now", max_tokens=3)
-    assert r.json()["status"] == "running"  # no claim round trip when the pool is idle
-    step = await wait_status(client, r.json()["step_id"], "succeeded")
-    assert step["replica_id"] == "r0" and step["started_at"] is not None
-    orch.pools.pools["local"].replicas[0].slots = 0  # no free slot: the step waits its turn
-    queued = await submit(client, run_id, token="later", max_tokens=3)
-    assert queued.json()["status"] == "queued"
-    orch.pools.pools["local"].replicas[0].slots = 8
-    orch.dispatcher.wake()
-    await wait_status(client, queued.json()["step_id"], "succeeded")

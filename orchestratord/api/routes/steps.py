@@ -6,6 +6,7 @@ from contracts.runs import CancelOut
 from contracts.steps import StepAccepted, StepCreate, StepOut
 from orchestratord.api.budget_headers import set_budget_headers
 from orchestratord.api.deps import orchestrator
+from orchestratord.db.models import Run
 from orchestratord.repo import steps as repo
 from orchestratord.repo.runs import get_run
 from orchestratord.runtime import Orchestrator
@@ -17,27 +18,15 @@ router = APIRouter(tags=["steps"])
 async def submit_step(
     run_id: str, body: StepCreate, response: Response, orch: Orchestrator = Depends(orchestrator)
 ) -> StepAccepted:
-    started = None
-    try:
-        async with orch.tx() as tx:
-            done = await repo.submit_step(tx, run_id=run_id, body=body, ctx=orch.submit_context)
-            if done.created and done.price is not None:
-                started = await orch.dispatcher.claim_at_submit(
-                    tx.session, step=done.step, run=done.run, price=done.price
-                )
-            out = StepAccepted(
-                step_id=done.step.step_id, status=repo.step_view(done.step)["status"]
-            )
-            set_budget_headers(response, done.run, done.ledger)
-    except BaseException:
-        if started is not None:
-            orch.dispatcher.abandon(started)
-        raise
-    if started is not None:
-        orch.dispatcher.launch(started)
-    elif done.created:
+    async with orch.tx() as tx:
+        done = await repo.submit_step(tx, run_id=run_id, body=body, ctx=orch.submit_context)
+        out = StepAccepted(step_id=done.step.step_id, status=repo.step_view(done.step)["status"])
+        run = await tx.session.get(Run, run_id)
+        assert run is not None
+        set_budget_headers(response, run, done.ledger)
+    if done.created:
         orch.dispatcher.wake()
-    if not done.created:
+    else:
         response.status_code = 200
     return out
 
