@@ -122,32 +122,24 @@ def _rows_to_events(rows: Sequence[Any]) -> list[LogEvent]:
 _COLUMNS = (Event.run_id, Event.run_seq, Event.step_id, Event.seq, Event.type, Event.data)
 
 
-async def read_step_events(db: Database, step_id: str, from_seq: int, limit: int) -> list[LogEvent]:
+async def _read(db: Database, where: Any, order: Any, limit: int) -> list[LogEvent]:
     async with db.read() as session:
         rows = (
-            await session.execute(
-                sa.select(*_COLUMNS)
-                .where(Event.step_id == step_id, Event.seq >= from_seq)
-                .order_by(Event.seq)
-                .limit(limit)
-            )
+            await session.execute(sa.select(*_COLUMNS).where(*where).order_by(order).limit(limit))
         ).all()
     return _rows_to_events(rows)
+
+
+async def read_step_events(db: Database, step_id: str, from_seq: int, limit: int) -> list[LogEvent]:
+    return await _read(db, (Event.step_id == step_id, Event.seq >= from_seq), Event.seq, limit)
 
 
 async def read_run_events(
     db: Database, run_id: str, from_run_seq: int, limit: int
 ) -> list[LogEvent]:
-    async with db.read() as session:
-        rows = (
-            await session.execute(
-                sa.select(*_COLUMNS)
-                .where(Event.run_id == run_id, Event.run_seq >= from_run_seq)
-                .order_by(Event.run_seq)
-                .limit(limit)
-            )
-        ).all()
-    return _rows_to_events(rows)
+    return await _read(
+        db, (Event.run_id == run_id, Event.run_seq >= from_run_seq), Event.run_seq, limit
+    )
 
 
 async def step_ended_before(db: Database, step_id: str, cursor: int) -> bool:

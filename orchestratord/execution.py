@@ -24,11 +24,12 @@ from orchestrator_core.budgets import Limits, step_deadline_ms
 from orchestrator_core.event_order import EventType
 from orchestrator_core.generation import normalize_llm_input
 from orchestrator_core.lifecycle import StepStatus
-from orchestrator_core.policy import PolicySubject, RulePolicy, StreamRedactor
+from orchestrator_core.policy import PolicySubject, StreamRedactor
 from orchestrator_core.pricing import Price
 from orchestratord.db.models import Run, Step
 from orchestratord.engine_requests import generation_request
 from orchestratord.eventlog import EventWriter, StepLog
+from orchestratord.policies import policy_of
 from orchestratord.pools import Pool, Replica
 from orchestratord.repo.budgets import settle
 from orchestratord.repo.steps import end_interrupted, get_step, settle_run_after_step
@@ -132,7 +133,7 @@ class Execution:
         request = generation_request(
             llm, request_id=step.step_id, seed=run.seed, max_tokens=granted
         )
-        decision = RulePolicy.from_policy(run.policy).evaluate(
+        decision = policy_of(run).evaluate(
             PolicySubject(
                 step_type=step.type,
                 model=inp.get("model") or self.pool.model_name,

@@ -12,9 +12,10 @@ from contracts.records import CheckpointCreate, FactCreate
 from orchestrator_core import clock
 from orchestrator_core.canonical import normalize, sha256_of
 from orchestrator_core.errors import InvalidParams, NotFound
-from orchestrator_core.policy import PolicySubject, RulePolicy, redact_json
+from orchestrator_core.policy import PolicySubject, redact_json
 from orchestratord.db.models import Checkpoint, Fact, Flow, Run, Step
 from orchestratord.eventlog import make_event
+from orchestratord.policies import policy_of
 from orchestratord.repo.runs import get_run
 from orchestratord.tx import Tx
 
@@ -29,7 +30,7 @@ async def emit_fact(tx: Tx, *, run_id: str, body: FactCreate) -> Fact:
     flow = await session.get(Flow, run.flow_id)
     schema = (flow.config.get("fact_schemas") or {}).get(body.type) if flow else None
     data = normalize(body.data, "data")
-    decision = RulePolicy.from_policy(run.policy).evaluate(PolicySubject(step_type="fact"))
+    decision = policy_of(run).evaluate(PolicySubject(step_type="fact"))
     if decision.patterns:  # facts are stored and streamed redacted
         data = redact_json(data, decision.patterns)
     if schema is not None:

@@ -28,6 +28,7 @@ from orchestrator_core.placement import choose_pool
 from orchestrator_core.policy import Decision, PolicyDenied, PolicySubject, RulePolicy, redact_json
 from orchestratord.db.models import Event, Run, Step
 from orchestratord.eventlog import make_event
+from orchestratord.policies import policy_of
 from orchestratord.pools import PoolRegistry
 from orchestratord.prices import PriceBook
 from orchestratord.repo.budgets import read_ledger, reserve, settle
@@ -96,7 +97,7 @@ async def submit_step(tx: Tx, *, run_id: str, body: StepCreate, ctx: SubmitConte
     pool = ctx.pools.require(pool_id)
     model = step_input.get("model") or pool.model_name
     subject = PolicySubject(step_type=body.type, model=model, pool=pool_id)
-    decision = enforce_logged(run.run_id, RulePolicy.from_policy(run.policy), subject)
+    decision = enforce_logged(run.run_id, policy_of(run), subject)
     if decision.patterns:
         step_input = redact_json(step_input, decision.patterns)
     price = ctx.prices.get(run.price_table).price_for(pool.engine, model)
