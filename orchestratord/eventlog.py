@@ -327,9 +327,6 @@ class StepLog:
         seq = self.order.accept(etype)
         return make_event(self.run_id, self.step_id, seq, etype.value, payload)
 
-    async def emit(self, etype: EventType, payload: dict[str, object]) -> None:
-        await self._writer.append([self.make(etype, payload)])
-
     def emit_nowait(self, etype: EventType, payload: dict[str, object]) -> None:
         self._writer.append_nowait([self.make(etype, payload)])
 

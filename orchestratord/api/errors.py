@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -16,8 +15,6 @@ from orchestrator_core.policy import PolicyDenied
 from orchestrator_core.pricing import Unpriced
 from orchestratord.api.correlation import correlation_id
 from orchestratord.api.responses import JsonResponse
-
-log = logging.getLogger(__name__)
 
 STATUS: dict[type[E.OrchestratorError], int] = {
     BudgetExceeded: 409,
