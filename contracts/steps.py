@@ -78,6 +78,13 @@ class StepOut(Out):
     policy_decision: dict[str, Any] | None
     provenance: dict[str, Any] | None
     error: dict[str, Any] | None
+    replay_of: str | None = Field(
+        default=None, description="replay runs: the recorded step this one reproduces"
+    )
+    replay_outcome: str | None = Field(
+        default=None,
+        description="replay runs, once ended: identical | diverged | miss | failed | cancelled",
+    )
     created_at: datetime
     started_at: datetime | None
     ended_at: datetime | None

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestratord.api.correlation import CorrelationLogFilter
+from orchestratord.event_logging import JsonFormatter
 from orchestratord.pool_config import PoolConfigError, load_pools_file
 from orchestratord.settings import Settings
 
@@ -25,11 +26,15 @@ def _settings(args: argparse.Namespace) -> Settings:
     return Settings(**overrides)
 
 
-def configure_logging(level: str) -> None:
+def configure_logging(level: str, fmt: str = "text") -> None:
     handler = logging.StreamHandler()
     handler.addFilter(CorrelationLogFilter())
     handler.setFormatter(
-        logging.Formatter("%(asctime)s %(levelname)s %(name)s [%(correlation_id)s] %(message)s")
+        JsonFormatter()
+        if fmt == "json"
+        else logging.Formatter(
+            "%(asctime)s %(levelname)s %(name)s [%(correlation_id)s] %(message)s"
+        )
     )
     root = logging.getLogger()
     root.handlers[:] = [handler]
@@ -48,7 +53,7 @@ def serve(args: argparse.Namespace) -> int:
         except PoolConfigError as exc:
             print(f"orchestratord: invalid pools file:\n{exc}", file=sys.stderr)
             return 2
-    configure_logging(settings.log_level)
+    configure_logging(settings.log_level, settings.log_format)
     app = create_app(settings)
     uvicorn.run(
         app,

@@ -98,8 +98,11 @@ class Dispatcher:
                     async with self.db.write() as session:
                         rows = await claim_queued(session, pool_id=pool.pool_id, limit=free)
                         for step, run in rows:
-                            replica = pool.acquire()
+                            pinned = step.replica_id if step.replay_of else None
+                            replica = pool.acquire(pinned)
                             if replica is None:
+                                if pinned is not None:
+                                    continue  # waits for its replica; the others may go
                                 break
                             model = (step.input or {}).get("model") or pool.model_name
                             price = self.prices.get(run.price_table).price_for(pool.engine, model)

@@ -1,5 +1,10 @@
 """Running one claimed step on one replica: adapter events in, the step's event log out.
 
+In a strict_replay run the stream is compared with the recorded step's as it arrives: the
+first token that differs is not streamed, and the step ends with ``REPLAY_DIVERGED`` and the
+divergence report. A record that stopped for timing (a cancel, a deadline) is reproduced up
+to the same token and ends with the same reason.
+
 The step is stopped early, with ``stop_reason: "budget"``, when it reaches the deadline its
 wall and cost budgets allow, or when its ``max_tokens`` was clamped by the budget and it
 reaches that clamp. Redact rules of the run's policy apply to the tokens before they are
@@ -26,12 +31,14 @@ from orchestrator_core.generation import normalize_llm_input
 from orchestrator_core.lifecycle import StepStatus
 from orchestrator_core.policy import PolicySubject, StreamRedactor
 from orchestrator_core.pricing import Price
+from orchestrator_core.replay import StreamComparator
 from orchestratord.db.models import Run, Step
 from orchestratord.engine_requests import generation_request
 from orchestratord.eventlog import EventWriter, StepLog
 from orchestratord.policies import policy_of
 from orchestratord.pools import Pool, Replica
 from orchestratord.repo.budgets import settle
+from orchestratord.repo.replay_steps import REPLAY_DIVERGED, load_recorded_stream
 from orchestratord.repo.steps import end_interrupted, get_step, settle_run_after_step
 from orchestratord.tx import Tx
 from worker_adapters import AdapterError, EngineUnavailable, Finish, Token
@@ -46,6 +53,21 @@ class ClaimedStep:
     step: Step
     run: Run
     price: Price
+
+
+class _ReplayStop(Exception):
+    """Raised from the token path of a strict_replay step: ``diverged`` or ``cap``."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class _End:
+    provenance: dict[str, Any]
+    text: str
+    token_ids: list[int | None]
 
 
 @dataclass
@@ -113,21 +135,37 @@ class Execution:
     async def run(self) -> None:
         step, run, replica = self.claimed.step, self.claimed.run, self.replica
         caps = self.pool.capabilities
-        steplog = StepLog(self.writer, step.run_id, step.step_id)
-        steplog.emit_nowait(
-            EventType.STARTED,
-            {
-                "pool_id": self.pool.pool_id,
-                "replica_id": replica.replica_id,
-                "engine": self.pool.engine,
-            },
-        )
         inp = step.input
         llm = normalize_llm_input(
             prompt=inp.get("prompt"),
             messages=inp.get("messages"),
             params=inp.get("params"),
             model=inp.get("model"),
+        )
+        determinism = {
+            "seed": run.seed,
+            "prompt_hash": llm.prompt_hash,
+            "params_hash": llm.params_hash,
+            "engine": caps.get("engine", self.pool.engine),
+            "engine_version": caps.get("engine_version"),
+            "model_hash": caps.get("model_hash"),
+            "pool_id": self.pool.pool_id,
+            "replica_id": replica.replica_id,
+        }
+        comparator = (
+            StreamComparator(await load_recorded_stream(self.writer.db, step.replay_of))
+            if step.replay_of is not None
+            else None
+        )
+        steplog = StepLog(self.writer, step.run_id, step.step_id)
+        steplog.emit_nowait(
+            EventType.STARTED,
+            {
+                **determinism,
+                "policy_hash": run.policy_hash,
+                "price_table": run.price_table,
+                "replay_of": step.replay_of,
+            },
         )
         granted = step.max_tokens_granted or llm.params.max_tokens
         request = generation_request(
@@ -156,9 +194,10 @@ class Execution:
         progress = _Progress()
         started = clock.clock.monotonic()
         error: AdapterError | None = None
+        replay_stop: str | None = None
         stopped = False
         gen = replica.adapter.stream(request)
-        consume = asyncio.create_task(self._consume(gen, steplog, progress, redactor))
+        consume = asyncio.create_task(self._consume(gen, steplog, progress, redactor, comparator))
         waiter = asyncio.create_task(self.cancel_event.wait())
         try:
             done, _ = await asyncio.wait({consume, waiter}, return_when=asyncio.FIRST_COMPLETED)
@@ -167,10 +206,14 @@ class Execution:
                     consume.result()
                 except AdapterError as exc:
                     error = exc
+                except _ReplayStop as stop:
+                    replay_stop = stop.reason
+                    with contextlib.suppress(AdapterError):
+                        await replica.adapter.cancel(request.request_id)
             else:
                 stopped = True
                 consume.cancel()
-                with contextlib.suppress(asyncio.CancelledError, AdapterError):
+                with contextlib.suppress(asyncio.CancelledError, AdapterError, _ReplayStop):
                     await consume
                 with contextlib.suppress(AdapterError):
                     await replica.adapter.cancel(request.request_id)
@@ -188,14 +231,7 @@ class Execution:
         tokens_in = finish.tokens_in if finish else 0
         cost = self.claimed.price.cost(tokens_in, tokens_out, decode_s)
         provenance = {
-            "seed": run.seed,
-            "prompt_hash": llm.prompt_hash,
-            "params_hash": llm.params_hash,
-            "engine": caps.get("engine", self.pool.engine),
-            "engine_version": caps.get("engine_version"),
-            "model_hash": caps.get("model_hash"),
-            "pool_id": self.pool.pool_id,
-            "replica_id": replica.replica_id,
+            **determinism,
             "tokens_in": tokens_in,
             "tokens_out": tokens_out,
             "cost_usd": cost,
@@ -203,7 +239,7 @@ class Execution:
             "price_table": run.price_table,
             "policy_hash": run.policy_hash,
         }
-        text = "".join(progress.parts)
+        end = _End(provenance, "".join(progress.parts), progress.token_ids)
         if error is not None and not stopped:
             code = "POOL_UNAVAILABLE" if isinstance(error, EngineUnavailable) else "ENGINE_ERROR"
             body = {
@@ -217,19 +253,34 @@ class Execution:
                     "tokens_out": tokens_out,
                 },
                 "correlation_id": None,
+                "provenance": provenance,
             }
-            await steplog.close(
-                EventType.ERROR,
-                body,
-                self._finalizer(StepStatus.FAILED, provenance, text, progress, None, body),
-            )
+            if comparator is not None and comparator.finish(None, code) is not None:
+                await self._end_diverged(steplog, comparator, end)
+                return
+            await self._end_error(steplog, end, body, "identical" if comparator else None)
             return
-        if stopped:
+        if replay_stop == "diverged":
+            assert comparator is not None
+            await self._end_diverged(steplog, comparator, end)
+            return
+        outcome = None
+        if replay_stop == "cap":
+            assert comparator is not None
+            stop_reason = comparator.recorded.stop_reason or "cancelled"
+            outcome = "identical"
+        elif stopped:
             stop_reason = "budget" if self.budget_stop else "cancelled"
+            outcome = "cancelled" if comparator is not None else None
         else:
             stop_reason = finish.stop_reason if finish else "eos"
             if stop_reason == "length" and step.budget_clamped and tokens_out >= granted:
                 stop_reason = "budget"
+            if comparator is not None:
+                if comparator.finish(stop_reason) is not None:
+                    await self._end_diverged(steplog, comparator, end)
+                    return
+                outcome = "identical"
         status = StepStatus.CANCELLED if stop_reason == "cancelled" else StepStatus.SUCCEEDED
         await steplog.close(
             EventType.END,
@@ -239,7 +290,7 @@ class Execution:
                 "tokens_out": tokens_out,
                 "provenance": provenance,
             },
-            self._finalizer(status, provenance, text, progress, stop_reason, None),
+            self._finalizer(status, end, stop_reason, None, outcome),
         )
         log.info(
             "step ended",
@@ -251,13 +302,66 @@ class Execution:
             },
         )
 
+    async def _end_error(
+        self, steplog: StepLog, end: _End, body: dict[str, Any], outcome: str | None
+    ) -> None:
+        await steplog.close(
+            EventType.ERROR,
+            body,
+            self._finalizer(StepStatus.FAILED, end, None, body, outcome),
+        )
+
+    async def _end_diverged(
+        self, steplog: StepLog, comparator: StreamComparator, end: _End
+    ) -> None:
+        """End a strict_replay step at its first difference from the record."""
+        step = self.claimed.step
+        divergence = comparator.divergence
+        assert divergence is not None
+        report = {
+            "step_id": step.step_id,
+            "recorded_step_id": step.replay_of,
+            "position": step.position,
+            **divergence.as_dict(),
+        }
+        body = {
+            "code": REPLAY_DIVERGED,
+            "message": f"strict replay diverged from step {step.replay_of} at "
+            + divergence.describe(),
+            "retriable": False,
+            "retry_after_ms": None,
+            "details": {
+                "divergence": report,
+                "pool_id": self.pool.pool_id,
+                "replica_id": self.replica.replica_id,
+                "tokens_out": end.provenance["tokens_out"],
+            },
+            "correlation_id": None,
+            "provenance": end.provenance,
+        }
+        log.warning(
+            "strict replay diverged",
+            extra={"step_id": step.step_id, "run_id": step.run_id, "divergence": report},
+        )
+        await self._end_error(steplog, end, body, "diverged")
+
     async def _consume(
-        self, gen: Any, steplog: StepLog, progress: _Progress, redactor: StreamRedactor | None
+        self,
+        gen: Any,
+        steplog: StepLog,
+        progress: _Progress,
+        redactor: StreamRedactor | None,
+        comparator: StreamComparator | None,
     ) -> None:
         writer = self.writer
         held: deque[Token] = deque()
 
         def emit(token: Token, text: str) -> None:
+            if comparator is not None:
+                if comparator.at_cap:
+                    raise _ReplayStop("cap")
+                if comparator.push(text, token.token_id) is not None:
+                    raise _ReplayStop("diverged")
             if token.logprob is None:
                 steplog.token_nowait(len(progress.parts), text, token.token_id)
             else:
@@ -272,6 +376,8 @@ class Execution:
                 )
             progress.parts.append(text)
             progress.token_ids.append(token.token_id)
+            if comparator is not None and comparator.at_cap:
+                raise _ReplayStop("cap")
 
         async for item in gen:
             if isinstance(item, Token):
@@ -293,13 +399,13 @@ class Execution:
     def _finalizer(
         self,
         status: StepStatus,
-        provenance: dict[str, Any],
-        text: str,
-        progress: _Progress,
+        end: _End,
         stop_reason: str | None,
         error: dict[str, Any] | None,
+        replay_outcome: str | None,
     ) -> Any:
         step = self.claimed.step
+        provenance = end.provenance
 
         async def finalize(session: AsyncSession) -> None:
             await session.execute(
@@ -309,8 +415,8 @@ class Execution:
                     status=status.value,
                     ended_at=clock.now(),
                     output={
-                        "text": text,
-                        "token_ids": progress.token_ids,
+                        "text": end.text,
+                        "token_ids": end.token_ids,
                         "stop_reason": stop_reason,
                     },
                     tokens_in=provenance["tokens_in"],
@@ -318,6 +424,7 @@ class Execution:
                     cost_usd=provenance["cost_usd"],
                     provenance=provenance,
                     error=error,
+                    replay_outcome=replay_outcome,
                 )
                 .execution_options(synchronize_session=False)
             )

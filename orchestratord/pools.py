@@ -11,6 +11,7 @@ from contracts.records import PoolOut, ReplicaOut
 from orchestrator_core.errors import NotFound
 from orchestrator_core.generation import LlmInput
 from orchestrator_core.placement import PoolView
+from orchestrator_core.replay import EngineIdentity
 from orchestratord.engine_requests import generation_request
 from orchestratord.pool_config import PoolSpec, ReplicaSpec
 from orchestratord.settings import Settings
@@ -66,9 +67,10 @@ class Pool:
                 return n
         return len(request.rendered_prompt().encode())
 
-    def acquire(self) -> Replica | None:
-        """Take a slot on the replica with most free slots (ties: smallest replica id)."""
-        candidates = [r for r in self.replicas if r.free > 0]
+    def acquire(self, replica_id: str | None = None) -> Replica | None:
+        """Take a slot on the replica with most free slots (ties: smallest replica id), or
+        on ``replica_id`` only when the step is pinned to it."""
+        candidates = [r for r in self.replicas if r.free > 0 and replica_id in (None, r.replica_id)]
         if not candidates:
             return None
         replica = min(candidates, key=lambda r: (-r.free, r.replica_id))
@@ -156,6 +158,20 @@ class PoolRegistry:
                     pool.capabilities = caps.as_dict()
                 except Exception as exc:
                     log.warning("pool %s: capabilities unavailable: %s", pool.pool_id, exc)
+
+    def identities(self) -> dict[tuple[str, str], EngineIdentity]:
+        """What each replica runs, as provenance names it (for strict_replay's checks)."""
+        out = {}
+        for pool in self.pools.values():
+            caps = pool.capabilities
+            identity = EngineIdentity(
+                engine=caps.get("engine", pool.engine),
+                engine_version=caps.get("engine_version"),
+                model_hash=caps.get("model_hash"),
+            )
+            for replica in pool.replicas:
+                out[(pool.pool_id, replica.replica_id)] = identity
+        return out
 
     async def aclose(self) -> None:
         await asyncio.gather(

@@ -12,6 +12,7 @@ from orchestrator_core.admission import AdmissionPolicy
 from orchestratord.db.engine import Database
 from orchestratord.db.migrate import upgrade
 from orchestratord.dispatcher import Dispatcher, recover_orphans
+from orchestratord.event_logging import EventLogLines
 from orchestratord.eventlog import EventWriter
 from orchestratord.hub import Hub
 from orchestratord.pool_config import load_pools_file, local_pool
@@ -33,8 +34,9 @@ class Orchestrator:
             max_overflow=settings.db_max_overflow,
         )
         self.hub = Hub(buffer_events=settings.stream.buffer_events)
+        self.publish = EventLogLines(self.hub.publish)
         self.writer = EventWriter(
-            self.db, self.hub.publish, max_pending=settings.dispatch.max_pending_events
+            self.db, self.publish, max_pending=settings.dispatch.max_pending_events
         )
         if pools is None:
             specs = (
@@ -95,7 +97,7 @@ class Orchestrator:
         async with self.db.write() as session:
             tx = Tx(session)
             yield tx
-        self.hub.publish(tx.events)
+        self.publish(tx.events)
         for callback in tx.callbacks:
             callback()
 

@@ -79,6 +79,7 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = 8080
     log_level: str = "info"
+    log_format: Literal["text", "json"] = "text"
     health_interval_s: float = Field(
         default=5.0, gt=0, description="How often replicas are asked for health and capabilities"
     )

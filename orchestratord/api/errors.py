@@ -13,11 +13,13 @@ from orchestrator_core.admission import AdmissionReject, QueueFullDropLru
 from orchestrator_core.budgets import BudgetExceeded
 from orchestrator_core.policy import PolicyDenied
 from orchestrator_core.pricing import Unpriced
+from orchestrator_core.replay import StrictReplayMismatch
 from orchestratord.api.correlation import correlation_id
 from orchestratord.api.responses import JsonResponse
 
 STATUS: dict[type[E.OrchestratorError], int] = {
     BudgetExceeded: 409,
+    StrictReplayMismatch: 409,
     Unpriced: 422,
     PolicyDenied: 403,
     AdmissionReject: 429,

@@ -119,6 +119,10 @@ class Step(Base):
     cost_usd: Mapped[float] = mapped_column(sa.Float, default=0.0)
     provenance: Mapped[dict[str, Any] | None] = mapped_column(Json)
     error: Mapped[dict[str, Any] | None] = mapped_column(Json)
+    # Replay runs: the recorded step this one reproduces, and the verdict once it has ended
+    # (identical | diverged | miss | failed | cancelled).
+    replay_of: Mapped[str | None] = mapped_column(sa.String(40))
+    replay_outcome: Mapped[str | None] = mapped_column(sa.String(16))
     created_at: Mapped[datetime] = mapped_column(Ts)
     started_at: Mapped[datetime | None] = mapped_column(Ts)
     ended_at: Mapped[datetime | None] = mapped_column(Ts)

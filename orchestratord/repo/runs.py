@@ -9,13 +9,15 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from contracts.common import placement_to_json
 from contracts.runs import RunCreate
 from orchestrator_core import clock
-from orchestrator_core.errors import InvalidParams, NotFound, Unsupported
+from orchestrator_core.errors import InvalidParams, NotFound
 from orchestrator_core.lifecycle import RunStatus, StepStatus, check_run_transition
 from orchestrator_core.placement import PoolView, validate_placement
 from orchestrator_core.policy import RulePolicy
+from orchestrator_core.replay import EngineIdentity
 from orchestratord.db.models import Run, Step
 from orchestratord.prices import PriceBook
 from orchestratord.repo.flows import get_flow
+from orchestratord.repo.replay_runs import check_strict, inherited
 from orchestratord.repo.steps import end_unstarted
 from orchestratord.tx import Tx
 
@@ -29,33 +31,44 @@ async def create_run(
     flow_id: str,
     body: RunCreate,
     pools: list[PoolView],
+    identities: dict[tuple[str, str], EngineIdentity],
     prices: PriceBook,
     price_table: str | None,
 ) -> Run:
     await get_flow(session, flow_id=flow_id)
+    source: Run | None = None
     if body.source_run_id is not None:
         source = await session.get(Run, body.source_run_id)
         if source is None:
             raise InvalidParams("no run with this id", field="source_run_id")
-    if body.mode != "record":
-        raise Unsupported(
-            f"mode {body.mode!r} is not served yet; only 'record' runs can be created",
-            details={"field": "mode", "supported": ["record"]},
-        )
-    policy = body.policy.model_dump(exclude_none=True)
+    if body.mode == "record":
+        seed = body.seed if body.seed is not None else secrets.randbelow(_SERVER_SEED_BOUND)
+        policy = body.policy.model_dump(exclude_none=True)
+        budgets = body.budgets.model_dump()
+        pool_policy = placement_to_json(body.pool_policy)
+        validate_placement(pool_policy, pools, field="pool_policy")
+        fs_policy = body.fs_policy.model_dump()
+        table = prices.get(price_table) if price_table else prices.latest()
+    else:
+        assert source is not None  # RunCreate requires it for the replay modes
+        replay = inherited(body, source)
+        if body.mode == "strict_replay":
+            await check_strict(
+                session, flow_id=flow_id, source=source, settings=replay, identities=identities
+            )
+        seed, policy, budgets = replay.seed, replay.policy, replay.budgets
+        pool_policy, fs_policy = replay.pool_policy, replay.fs_policy
+        table = prices.get(replay.price_table)
     evaluator = RulePolicy.from_policy(policy, field="policy")
-    table = prices.get(price_table) if price_table else prices.latest()
-    pool_policy = placement_to_json(body.pool_policy)
-    validate_placement(pool_policy, pools, field="pool_policy")
     now = clock.now()
     run = Run(
         run_id=clock.new_id("run"),
         flow_id=flow_id,
         mode=body.mode,
-        seed=body.seed if body.seed is not None else secrets.randbelow(_SERVER_SEED_BOUND),
+        seed=seed,
         source_run_id=body.source_run_id,
         status=RunStatus.RUNNING.value,
-        budgets=body.budgets.model_dump(),
+        budgets=budgets,
         policy=policy,
         policy_hash=evaluator.policy_hash,
         price_table=table.version,
@@ -63,7 +76,7 @@ async def create_run(
         tokens_out_reserved=0,
         cost_reserved_usd=0.0,
         pool_policy=pool_policy,
-        fs_policy=body.fs_policy.model_dump(),
+        fs_policy=fs_policy,
         cancel_on_disconnect=body.cancel_on_disconnect,
         tokens_in_used=0,
         tokens_out_used=0,

@@ -13,7 +13,7 @@ from contracts.common import placement_to_json
 from contracts.steps import LlmCallInput, StepCreate
 from orchestrator_core import budgets, clock
 from orchestrator_core.admission import PRIORITY_RANK, AdmissionPolicy, admit, dropped_error
-from orchestrator_core.budgets import BudgetExceeded, Ledger, Limits
+from orchestrator_core.budgets import BudgetExceeded, Ledger, Limits, Reservation
 from orchestrator_core.canonical import sha256_of
 from orchestrator_core.errors import Conflict, InvalidParams, NotFound, Unsupported
 from orchestrator_core.event_order import EventOrder, EventType
@@ -32,6 +32,13 @@ from orchestratord.policies import policy_of
 from orchestratord.pools import PoolRegistry
 from orchestratord.prices import PriceBook
 from orchestratord.repo.budgets import read_ledger, reserve, settle
+from orchestratord.repo.replay_steps import (
+    ReplayTarget,
+    key_of,
+    lock_run,
+    replay_target,
+    serve_recorded,
+)
 from orchestratord.tx import Tx
 
 policy_log = logging.getLogger("orchestratord.policy")
@@ -77,7 +84,10 @@ async def submit_step(tx: Tx, *, run_id: str, body: StepCreate, ctx: SubmitConte
     """Store a step once per (run, client_token); a repeat returns the first (created=False).
 
     In order: idempotency, input validation, placement, policy (deny, redact), price,
-    admission, then the budget reservation and the insert in one savepoint.
+    admission, then the budget reservation and the insert in one savepoint. In a replay run
+    the step is matched with the recorded step at its position first (``replay_steps``):
+    placement is the recorded pool and replica, and a step no engine needs to run again is
+    served from the record (or ends with ``REPLAY_MISS``) without price or admission.
     """
     session = tx.session
     run = await session.get(Run, run_id)
@@ -90,28 +100,55 @@ async def submit_step(tx: Tx, *, run_id: str, body: StepCreate, ctx: SubmitConte
     check_run_accepts_steps(RunStatus(run.status))
     step_input = validate_step_input(body.type, body.input)
     placement = placement_to_json(body.placement)
-    effective = placement if placement is not None else run.pool_policy
-    pool_id = choose_pool(
-        effective, ctx.pools.views(), field="placement" if placement else "pool_policy"
-    )
-    pool = ctx.pools.require(pool_id)
-    model = step_input.get("model") or pool.model_name
+    target: ReplayTarget | None = None
+    pool_id: str | None
+    if run.mode == "record":
+        effective = placement if placement is not None else run.pool_policy
+        pool_id = choose_pool(
+            effective, ctx.pools.views(), field="placement" if placement else "pool_policy"
+        )
+    else:
+        run = await lock_run(session, run_id)
+        existing = await _by_token(session, run_id, body.client_token)  # raced the lock
+        if existing is not None:
+            return Submitted(_same_request(existing, request_hash), False, ledger_of(run))
+        target = await replay_target(session, run)
+        pool_id = target.pool_id
+    pool = ctx.pools.get(pool_id) if pool_id is not None else None
+    model = step_input.get("model") or (pool.model_name if pool is not None else None)
     subject = PolicySubject(step_type=body.type, model=model, pool=pool_id)
     decision = enforce_logged(run.run_id, policy_of(run), subject)
     if decision.patterns:
         step_input = redact_json(step_input, decision.patterns)
-    price = ctx.prices.get(run.price_table).price_for(pool.engine, model)
     llm = normalize_llm_input(
         prompt=step_input.get("prompt"),
         messages=step_input.get("messages"),
         params=step_input.get("params"),
         model=step_input.get("model"),
     )
-    tokens_in = pool.count_prompt_tokens(llm)
-    verdict = await _admit(session, ctx.admission, body.priority, postgres=not _is_sqlite(session))
     cod = body.cancel_on_disconnect
     if cod is None:
         cod = run.cancel_on_disconnect
+    row = _StepRow(
+        run_id=run_id,
+        body=body,
+        request_hash=request_hash,
+        step_input=step_input,
+        placement=placement,
+        cancel_on_disconnect=ctx.default_cancel_on_disconnect if cod is None else cod,
+        pool_id=pool_id,
+        decision=decision,
+    )
+    if target is not None:
+        target.compare(key_of(body.type, llm, run.seed))
+        if not target.executes(run.mode, ctx.pools):
+            return await _submit_unexecuted(tx, run=run, row=row, target=target)
+    assert pool_id is not None
+    pool = ctx.pools.require(pool_id)
+    model = step_input.get("model") or pool.model_name
+    price = ctx.prices.get(run.price_table).price_for(pool.engine, model)
+    tokens_in = pool.count_prompt_tokens(llm)
+    verdict = await _admit(session, ctx.admission, body.priority, postgres=not _is_sqlite(session))
     run_limits = Limits.from_dict(run.budgets)
     step_limits = Limits.from_dict(body.budgets.model_dump() if body.budgets else None)
 
@@ -144,37 +181,14 @@ async def submit_step(tx: Tx, *, run_id: str, body: StepCreate, ctx: SubmitConte
         position, ledger_after[0] = taken
         if verdict == "drop_oldest":
             await _drop_oldest(tx, ctx.admission, body.priority)
-        step = Step(
-            step_id=clock.new_id("step"),
-            run_id=run_id,
-            position=position,
-            type=body.type,
-            client_token=body.client_token,
-            request_hash=request_hash,
-            input=step_input,
-            budgets=body.budgets.model_dump() if body.budgets else None,
-            placement=placement,
-            cancel_on_disconnect=ctx.default_cancel_on_disconnect if cod is None else cod,
-            status=StepStatus.QUEUED.value,
-            priority=body.priority,
-            priority_rank=PRIORITY_RANK[body.priority],
-            max_tokens_granted=reservation.tokens_out,
-            budget_clamped=reservation.clamped,
-            decode_seconds_granted=reservation.decode_seconds,
-            tokens_in_reserved=reservation.tokens_in,
-            tokens_out_reserved=reservation.tokens_out,
-            cost_reserved_usd=reservation.cost_usd,
-            policy_decision={
-                "rule_id": decision.rule_id,
-                "redactions": [r.rule_id for r in decision.redactions],
-            },
-            cancel_requested=False,
-            pool_id=pool_id,
-            tokens_in=0,
-            tokens_out=0,
-            cost_usd=0.0,
-            created_at=clock.now(),
-        )
+        if target is not None and position != target.position:
+            raise Conflict(
+                "the replay run's position moved during submission; retry", retriable=True
+            )
+        step = row.build(position=position, reservation=reservation)
+        if target is not None and target.recorded is not None:
+            step.replay_of = target.recorded.step_id
+            step.replica_id = target.recorded.replica_id  # pinned: the dispatcher honours it
         session.add(step)
         await session.flush()
         return step
@@ -193,6 +207,72 @@ async def submit_step(tx: Tx, *, run_id: str, body: StepCreate, ctx: SubmitConte
             raise
         return Submitted(_same_request(existing, request_hash), False, ledger_of(run))
     return Submitted(step, True, ledger_after[0])
+
+
+@dataclass(frozen=True)
+class _StepRow:
+    """What a new step row holds before its position and reservation are known."""
+
+    run_id: str
+    body: StepCreate
+    request_hash: str
+    step_input: dict[str, Any]
+    placement: Any
+    cancel_on_disconnect: bool
+    pool_id: str | None
+    decision: Decision
+
+    def build(self, *, position: int, reservation: Reservation | None) -> Step:
+        body = self.body
+        return Step(
+            step_id=clock.new_id("step"),
+            run_id=self.run_id,
+            position=position,
+            type=body.type,
+            client_token=body.client_token,
+            request_hash=self.request_hash,
+            input=self.step_input,
+            budgets=body.budgets.model_dump() if body.budgets else None,
+            placement=self.placement,
+            cancel_on_disconnect=self.cancel_on_disconnect,
+            status=StepStatus.QUEUED.value,
+            priority=body.priority,
+            priority_rank=PRIORITY_RANK[body.priority],
+            max_tokens_granted=reservation.tokens_out if reservation else None,
+            budget_clamped=reservation.clamped if reservation else False,
+            decode_seconds_granted=reservation.decode_seconds if reservation else None,
+            tokens_in_reserved=reservation.tokens_in if reservation else 0,
+            tokens_out_reserved=reservation.tokens_out if reservation else 0,
+            cost_reserved_usd=reservation.cost_usd if reservation else 0.0,
+            policy_decision={
+                "rule_id": self.decision.rule_id,
+                "redactions": [r.rule_id for r in self.decision.redactions],
+            },
+            cancel_requested=False,
+            pool_id=self.pool_id,
+            tokens_in=0,
+            tokens_out=0,
+            cost_usd=0.0,
+            created_at=clock.now(),
+        )
+
+
+async def _submit_unexecuted(tx: Tx, *, run: Run, row: _StepRow, target: ReplayTarget) -> Submitted:
+    """A replay step no engine runs: served from the record, or ended with REPLAY_MISS."""
+    session = tx.session
+    step = row.build(position=target.position, reservation=None)
+    run.step_count = target.position + 1
+    run.updated_at = clock.now()
+    session.add(step)
+    await session.flush()
+    if target.differs:
+        step.replay_of = None if target.recorded is None else target.recorded.step_id
+        step.replay_outcome = "miss"
+        await end_unstarted(tx, step=step, status=StepStatus.FAILED, error=target.miss_error())
+    else:
+        assert target.recorded is not None
+        await serve_recorded(tx, step=step, recorded=target.recorded)
+    return Submitted(step, True, await read_ledger(session, run_id=run.run_id))
 
 
 @dataclass(frozen=True)
@@ -299,6 +379,13 @@ async def get_step(session: AsyncSession, *, step_id: str, lock: bool = False) -
     return step
 
 
+async def list_steps(session: AsyncSession, *, run_id: str) -> list[Step]:
+    rows = await session.execute(
+        sa.select(Step).where(Step.run_id == run_id).order_by(Step.position)
+    )
+    return list(rows.scalars())
+
+
 def step_view(step: Step) -> dict[str, Any]:
     status = step.status
     if status == StepStatus.RUNNING.value and step.cancel_requested:
@@ -321,6 +408,8 @@ def step_view(step: Step) -> dict[str, Any]:
                 "output",
                 "provenance",
                 "error",
+                "replay_of",
+                "replay_outcome",
                 "created_at",
                 "started_at",
                 "ended_at",

@@ -2,10 +2,15 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Response
 
+from contracts.replay import ReplayReport
 from contracts.runs import CancelOut, RunCreate, RunOut
+from contracts.steps import StepOut
+from orchestrator_core.errors import InvalidParams
 from orchestratord.api.budget_headers import set_budget_headers
 from orchestratord.api.deps import orchestrator
 from orchestratord.repo import runs as repo
+from orchestratord.repo.replay_runs import replay_report
+from orchestratord.repo.steps import list_steps, step_view
 from orchestratord.runtime import Orchestrator
 
 router = APIRouter(tags=["runs"])
@@ -21,6 +26,7 @@ async def create_run(
             flow_id=flow_id,
             body=body,
             pools=orch.pools.views(),
+            identities=orch.pools.identities(),
             prices=orch.prices,
             price_table=orch.settings.price_table,
         )
@@ -45,3 +51,27 @@ async def cancel_run(run_id: str, orch: Orchestrator = Depends(orchestrator)) ->
     for step_id in running:
         orch.dispatcher.cancel(step_id)
     return CancelOut(status=status)
+
+
+@router.get("/v1/runs/{run_id}/steps", response_model=list[StepOut])
+async def get_run_steps(run_id: str, orch: Orchestrator = Depends(orchestrator)) -> list[StepOut]:
+    """The run's steps in submission order (``position``)."""
+    async with orch.db.read() as session:
+        await repo.get_run(session, run_id=run_id)
+        steps = await list_steps(session, run_id=run_id)
+        return [StepOut.model_validate(step_view(s)) for s in steps]
+
+
+@router.get("/v1/runs/{run_id}/replay-report", response_model=ReplayReport)
+async def get_replay_report(
+    run_id: str, orch: Orchestrator = Depends(orchestrator)
+) -> ReplayReport:
+    """How a replay run compares with its recorded run, step by step."""
+    async with orch.db.read() as session:
+        run = await repo.get_run(session, run_id=run_id)
+        if run.mode == "record":
+            raise InvalidParams(
+                "a record run has no replay report; ask for the report of a replay run",
+                field="run_id",
+            )
+        return ReplayReport.model_validate(await replay_report(session, run))
