@@ -1,7 +1,8 @@
 """The append-only event log and its group-committing writer.
 
 Every event is encoded to JSON once, by its producer; the same bytes are stored and streamed.
-``insert_events`` is the only function that writes the ``events`` table: it takes run-level
+``insert_events`` is the only function that appends to the ``events`` table (importing a
+whole recorded run, ``repo/transfer``, copies its rows as they were): it takes run-level
 cursors (``run_seq``) by bumping ``runs.event_seq`` under the row lock, so on PostgreSQL as on
 SQLite the run cursors follow commit order.
 

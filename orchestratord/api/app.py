@@ -11,7 +11,7 @@ from orchestratord import __version__
 from orchestratord.api import errors
 from orchestratord.api.correlation import CorrelationIdMiddleware
 from orchestratord.api.responses import JsonResponse
-from orchestratord.api.routes import flows, records, runs, steps, streams
+from orchestratord.api.routes import flows, records, runs, steps, streams, transfer
 from orchestratord.runtime import Orchestrator
 from orchestratord.settings import Settings
 
@@ -45,7 +45,7 @@ def create_app(
     if orchestrator is not None:
         app.state.orchestrator = orchestrator
     errors.install(app)
-    for module in (flows, runs, steps, records, streams):
+    for module in (flows, runs, steps, records, streams, transfer):
         app.include_router(module.router)
 
     @app.get("/healthz", tags=["health"])
