@@ -203,14 +203,15 @@ async def test_other_step_types_answer_a_clear_error(
     assert step_type in body["message"]
 
 
-async def test_replay_modes_answer_a_clear_error(client: httpx.AsyncClient) -> None:
+@pytest.mark.parametrize("mode", ["replay", "strict_replay"])
+async def test_replay_modes_need_a_source_run(client: httpx.AsyncClient, mode: str) -> None:
     flow_id = await make_flow(client)
+    r = await client.post(f"/v1/flows/{flow_id}/runs", json={"mode": mode})
+    assert r.status_code == 422
+    assert "source_run_id" in r.json()["message"]
     source = await make_run(client, flow_id)
-    r = await client.post(
-        f"/v1/flows/{flow_id}/runs", json={"mode": "replay", "source_run_id": source}
-    )
-    assert r.status_code == 501
-    assert r.json()["details"]["field"] == "mode"
+    r = await client.post(f"/v1/flows/{flow_id}/runs", json={"mode": mode, "source_run_id": source})
+    assert r.status_code == 201 and r.json()["mode"] == mode
 
 
 async def test_placement_on_step(client: httpx.AsyncClient) -> None:
