@@ -1,6 +1,6 @@
 """Replay against record on the real local model (Gemma 3 270M through llama.cpp).
 
-One process, one run of this script: a record run of ``--steps`` llm_call steps (sampled,
+One run of this script, the server in its own process: a record run of ``--steps`` llm_call steps (sampled,
 ``--max-tokens`` each) is timed as an interpreter sees it (submit, follow the stream to its
 end, next step); then the same steps are submitted to a ``replay`` run (served from the
 record, no engine) and to a ``strict_replay`` run (re-executed and compared), timed the same
@@ -26,10 +26,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from orchestratord.api.app import create_app
-from orchestratord.runtime import Orchestrator
-from orchestratord.settings import Settings
-from test_harness.servers import serve_app
+from bench.relay import Server, free_port, server_env
 
 PROMPTS = [
     "Write one sentence about rivers.",
@@ -72,15 +69,15 @@ async def drive(client: httpx.AsyncClient, run_id: str, steps: int, max_tokens: 
 
 
 async def measure(steps: int, max_tokens: int, repeat: int) -> dict[str, Any]:
+    """The server is its own process, as deployed (the client shares no event loop with it)."""
     with tempfile.TemporaryDirectory() as tmp:
-        settings = Settings(database_url=f"sqlite:///{tmp}/bench.db", engine="llama")
-        orch = Orchestrator(settings)
-        await orch.start()
+        port = free_port()
+        argv = [sys.executable, "-m", "orchestratord", "serve", "--engine", "llama"]
+        argv += ["--port", str(port), "--database-url", f"sqlite:///{tmp}/bench.db"]
+        server = Server("orchestratord", argv, server_env({}), port, Path(tmp) / "server.log")
+        await server.start(timeout_s=120)
         try:
-            async with (
-                serve_app(create_app(orchestrator=orch)) as url,
-                httpx.AsyncClient(base_url=url, timeout=600) as client,
-            ):
+            async with httpx.AsyncClient(base_url=server.base_url, timeout=600) as client:
                 flow = (await client.post("/v1/flows", json={"ast": {"bench": "replay"}})).json()
                 flow_id = flow["flow_id"]
                 record_s, replay_s, strict_s, tokens = [], [], [], []
@@ -101,7 +98,7 @@ async def measure(steps: int, max_tokens: int, repeat: int) -> dict[str, Any]:
                         report = (await client.get(f"/v1/runs/{replay_id}/replay-report")).json()
                         assert not report["diverged"] and report["complete"], report
         finally:
-            await orch.stop()
+            await server.stop()
     rec, rep, strict = (statistics.median(x) for x in (record_s, replay_s, strict_s))
     return {
         "steps": steps,
