@@ -50,3 +50,40 @@ def test_package_imports_point_down(package: str) -> None:
         if bad:
             offenders[str(path.relative_to(ROOT))] = sorted(bad)
     assert offenders == {}
+
+
+CLIENT_MODULES = ["orchestratord/client.py", "orchestratord/orchctl.py"]
+CLIENT_MAY_IMPORT = {"orchestratord", "orchestratord.client", "contracts"}
+CLIENT_MAY_NOT_IMPORT = {
+    "orchestratord",
+    "orchestrator_core",
+    "worker_adapters",
+    "test_harness",
+    "fastapi",
+    "starlette",
+    "sse_starlette",
+    "sqlalchemy",
+    "uvicorn",
+    "alembic",
+}
+
+
+def _full_imports(path: Path) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            names.add("." * node.level + (node.module or ""))
+    return names
+
+
+@pytest.mark.parametrize("module", CLIENT_MODULES)
+def test_client_imports_no_server_module(module: str) -> None:
+    """The client and orchctl run anywhere httpx does: none of the server comes with them."""
+    offenders = set()
+    for name in _full_imports(ROOT / module):
+        allowed = name in CLIENT_MAY_IMPORT or name.startswith("contracts.")
+        if not allowed and (name.startswith(".") or name.split(".")[0] in CLIENT_MAY_NOT_IMPORT):
+            offenders.add(name)
+    assert offenders == set()
