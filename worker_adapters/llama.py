@@ -67,6 +67,20 @@ def file_sha256(path: Path) -> str:
     return "sha256:" + digest.hexdigest()
 
 
+# llama.cpp takes a 32-bit seed and reads 0xFFFFFFFF (LLAMA_DEFAULT_SEED) as "pick one at
+# random": a run seeded with it would never reproduce.
+_RANDOM_SEED = 0xFFFFFFFF
+
+
+def engine_seed(seed: int) -> int:
+    """The sampler seed for a run seed: itself below 2**32 - 1; larger seeds (and 2**32 - 1)
+    fold to a 32-bit value by SHA-256, never the value llama.cpp reads as random."""
+    if 0 <= seed < _RANDOM_SEED:
+        return seed
+    digest = hashlib.sha256(str(seed).encode()).digest()
+    return int.from_bytes(digest[:8], "big") % _RANDOM_SEED
+
+
 class LlamaAdapter(WorkerAdapter):
     kind = "llama"
 
@@ -210,7 +224,7 @@ class LlamaAdapter(WorkerAdapter):
         if request.json_schema is not None:
             grammar = LlamaGrammar.from_json_schema(json.dumps(request.json_schema), verbose=False)
         llm.reset()
-        llm.set_seed(request.seed & 0xFFFFFFFF)
+        llm.set_seed(engine_seed(request.seed))
         vocab = llm._model.vocab
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         matcher = StopMatcher(request.stop)

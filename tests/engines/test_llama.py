@@ -52,6 +52,15 @@ async def test_seeded_sampling_is_repeatable(adapter: LlamaAdapter) -> None:
     assert fa.tokens_out == len(a) and fa.tokens_in > 0
 
 
+@pytest.mark.parametrize("seed", [2**32 - 1, 2**32, 2**63 - 1])
+async def test_seeds_llama_cpp_reads_as_random_still_repeat(
+    adapter: LlamaAdapter, seed: int
+) -> None:
+    a, _ = await run(adapter, req(seed, max_tokens=8))
+    b, _ = await run(adapter, req(seed, max_tokens=8))
+    assert [t.token_id for t in a] == [t.token_id for t in b]
+
+
 async def test_capabilities_and_model_hash(adapter: LlamaAdapter, gguf: Path) -> None:
     caps = await adapter.capabilities()
     assert caps.model_hash == "sha256:" + hashlib.sha256(gguf.read_bytes()).hexdigest()
