@@ -51,7 +51,11 @@ async def test_strict_replay_of_the_divergent_fixture_reports_exactly(
     for step in sorted(bundle["steps"], key=lambda s: s["position"]):
         r = await live.post(
             f"/v1/runs/{run_id}/steps",
-            json={"type": step["type"], "client_token": step["client_token"], "input": step["input"]},
+            json={
+                "type": step["type"],
+                "client_token": step["client_token"],
+                "input": step["input"],
+            },
         )
         assert r.status_code == 202, r.text
         replay_steps.append(r.json()["step_id"])
@@ -65,6 +69,7 @@ async def test_strict_replay_of_the_divergent_fixture_reports_exactly(
     # the stream of the diverged step: the agreeing prefix, then the error with the report
     events = await read_stream(live, f"/v1/steps/{replay_steps[1]}/stream")
     assert [e.event for e in events] == ["started"] + ["token"] * 5 + ["error"]
-    assert events[-1].data and events[-1].data["details"]["divergence"] == (
-        report["steps"][1]["divergence"]
+    assert (
+        events[-1].data
+        and events[-1].data["details"]["divergence"] == (report["steps"][1]["divergence"])
     )
