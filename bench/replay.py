@@ -2,10 +2,10 @@
 
 One run of this script, the server in its own process: a record run of ``--steps`` steps
 (sampled, ``--max-tokens`` each) is timed as an interpreter sees it (submit, follow the
-stream to its end, next step); then the same steps are submitted to a ``replay`` run (served from the
-record, no engine) and to a ``strict_replay`` run (re-executed and compared), timed the same
-way. Reported: wall time of each, the replay speed-up (record / replay; target >= 20x), and
-that the strict replay was identical.
+stream to its end, next step); then the same steps are submitted to a ``replay`` run
+(served from the record, no engine) and to a ``strict_replay`` run (re-executed and
+compared), timed the same way. Reported: wall time of each, the replay speed-up
+(record / replay; target >= 20x), and that the strict replay was identical.
 
     .venv/bin/python bench/replay.py [--steps 4] [--max-tokens 64] [--repeat 3]
 """

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 StopReason = Literal["eos", "length", "stop", "cancelled", "budget"]
 
@@ -22,6 +22,11 @@ class Provenance(BaseModel):
     tokens_out: int
     cost_usd: float
     decode_time_ms: float
+    policy_hash: str | None = None
+    price_table: str | None = None
+    replayed_from: str | None = Field(
+        default=None, description="replay: the recorded step whose events were served"
+    )
 
 
 class EventBase(BaseModel):
@@ -31,9 +36,22 @@ class EventBase(BaseModel):
 
 
 class StartedEvent(EventBase):
+    """What decides the step's output, known before its first token (null for a step that
+    ended before reaching an engine)."""
+
     pool_id: str | None
     replica_id: str | None
     engine: str | None
+    engine_version: str | None = None
+    model_hash: str | None = None
+    seed: int | None = None
+    prompt_hash: str | None = None
+    params_hash: str | None = None
+    policy_hash: str | None = None
+    price_table: str | None = None
+    replay_of: str | None = Field(
+        default=None, description="strict_replay: the recorded step this one re-executes"
+    )
 
 
 class TokenEvent(EventBase):
