@@ -24,6 +24,7 @@ class Provenance(BaseModel):
     decode_time_ms: float
     policy_hash: str | None = None
     price_table: str | None = None
+    model: str | None = Field(default=None, description="the model name the engine served")
     replayed_from: str | None = Field(
         default=None, description="replay: the recorded step whose events were served"
     )

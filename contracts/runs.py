@@ -3,7 +3,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from contracts.common import Budgets, Out, Placement, Strict
 
@@ -41,18 +41,14 @@ class FsPolicy(Strict):
 class RunCreate(Strict):
     mode: RunMode = "record"
     seed: int | None = Field(default=None, ge=0, le=MAX_SEED)
-    source_run_id: str | None = None
+    source_run_id: str | None = Field(
+        default=None, description="the recorded run; required for replay and strict_replay"
+    )
     budgets: Budgets = Field(default_factory=Budgets)
     policy: Policy = Field(default_factory=Policy)
     pool_policy: Placement = "auto"
     fs_policy: FsPolicy = Field(default_factory=FsPolicy)
     cancel_on_disconnect: bool | None = None
-
-    @model_validator(mode="after")
-    def _source_for_replay(self) -> RunCreate:
-        if self.mode != "record" and not self.source_run_id:
-            raise ValueError(f"source_run_id is required when mode is {self.mode!r}")
-        return self
 
 
 class Usage(Out):

@@ -139,9 +139,13 @@ def step_differences(recorded: StepKey, submitted: StepKey) -> list[dict[str, An
 class RecordedToken:
     t: str
     token_id: int | None
+    logprob: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return {"t": self.t, "token_id": self.token_id}
+        out: dict[str, Any] = {"t": self.t, "token_id": self.token_id}
+        if self.logprob is not None:
+            out["logprob"] = self.logprob
+        return out
 
 
 @dataclass(frozen=True)
@@ -211,17 +215,20 @@ class StreamComparator:
         cap = self.cap
         return cap is not None and self.seen >= cap
 
-    def push(self, text: str, token_id: int | None) -> Divergence | None:
-        """Compare the next token; returns the divergence when this one differs."""
+    def push(
+        self, text: str, token_id: int | None, logprob: float | None = None
+    ) -> Divergence | None:
+        """Compare the next token (text, id and, when streamed, logprob); returns the
+        divergence when this one differs."""
         if self.divergence is not None:
             return self.divergence
-        actual = {"t": text, "token_id": token_id}
+        actual = RecordedToken(text, token_id, logprob)
         tokens = self.recorded.tokens
         if self.seen >= len(tokens):
-            return self._diverge(self.recorded.end, actual)
+            return self._diverge(self.recorded.end, actual.as_dict())
         expected = tokens[self.seen]
-        if expected.t != text or expected.token_id != token_id:
-            return self._diverge(expected.as_dict(), actual)
+        if expected != actual:
+            return self._diverge(expected.as_dict(), actual.as_dict())
         self.seen += 1
         return None
 
@@ -257,7 +264,9 @@ def recorded_stream(events: Sequence[dict[str, Any]]) -> RecordedStream:
     error_code: str | None = None
     for ev in events:
         if ev["type"] == "token":
-            tokens.append(RecordedToken(t=ev["t"], token_id=ev.get("token_id")))
+            tokens.append(
+                RecordedToken(t=ev["t"], token_id=ev.get("token_id"), logprob=ev.get("logprob"))
+            )
         elif ev["type"] == "end":
             stop_reason = ev["stop_reason"]
         elif ev["type"] == "error":

@@ -343,10 +343,15 @@ def submit_retrying(
     client: Client, run_id: str, body: JsonObject, *, attempts: int = 5
 ) -> JsonObject:
     """Submit, retrying refusals the server marks retriable (a full admission queue, no ready
-    pool) after the wait it asks for; the same client_token makes a retry safe."""
+    pool) after the wait it asks for, and lost connections (the server may have committed the
+    step before the answer was lost); the same client_token makes a retry safe."""
     for attempt in range(attempts):
         try:
             return client.submit_step(run_id, body)
+        except Unreachable:
+            if attempt == attempts - 1:
+                raise
+            time.sleep(min(0.5 * 2**attempt, 5.0))
         except ApiError as exc:
             if not exc.body.get("retriable") or attempt == attempts - 1:
                 raise

@@ -96,7 +96,10 @@ class Dispatcher:
                 claimed: list[tuple[ClaimedStep, Replica]] = []
                 try:
                     async with self.db.write() as session:
-                        rows = await claim_queued(session, pool_id=pool.pool_id, limit=free)
+                        full = [r.replica_id for r in pool.replicas if r.free == 0]
+                        rows = await claim_queued(
+                            session, pool_id=pool.pool_id, limit=free, full_replicas=full
+                        )
                         for step, run in rows:
                             pinned = step.replica_id if step.replay_of else None
                             replica = pool.acquire(pinned)

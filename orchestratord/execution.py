@@ -151,6 +151,7 @@ class Execution:
             "model_hash": caps.get("model_hash"),
             "pool_id": self.pool.pool_id,
             "replica_id": replica.replica_id,
+            "model": inp.get("model") or self.pool.model_name,
         }
         comparator = (
             StreamComparator(await load_recorded_stream(self.writer.db, step.replay_of))
@@ -271,7 +272,13 @@ class Execution:
             outcome = "identical"
         elif stopped:
             stop_reason = "budget" if self.budget_stop else "cancelled"
-            outcome = "cancelled" if comparator is not None else None
+            if comparator is not None and self.budget_stop:
+                if comparator.finish(stop_reason) is not None:  # the record went on
+                    await self._end_diverged(steplog, comparator, end)
+                    return
+                outcome = "identical"
+            elif comparator is not None:
+                outcome = "cancelled"  # asked to stop: nothing to compare
         else:
             stop_reason = finish.stop_reason if finish else "eos"
             if stop_reason == "length" and step.budget_clamped and tokens_out >= granted:
@@ -360,7 +367,7 @@ class Execution:
             if comparator is not None:
                 if comparator.at_cap:
                     raise _ReplayStop("cap")
-                if comparator.push(text, token.token_id) is not None:
+                if comparator.push(text, token.token_id, token.logprob) is not None:
                     raise _ReplayStop("diverged")
             if token.logprob is None:
                 steplog.token_nowait(len(progress.parts), text, token.token_id)

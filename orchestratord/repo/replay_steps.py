@@ -177,6 +177,13 @@ class ReplayTarget:
     def pool_id(self) -> str | None:
         return None if self.recorded is None else self.recorded.pool_id
 
+    @property
+    def model(self) -> str | None:
+        """The model the recorded step ran (policy rules may match it; its pool may be gone)."""
+        if self.recorded is None:
+            return None
+        return self.recorded.input.get("model") or (self.recorded.provenance or {}).get("model")
+
     def compare(self, submitted: StepKey) -> None:
         self.differs = differences(self.recorded, self.source_seed, submitted, self.position)
 

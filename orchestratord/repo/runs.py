@@ -36,6 +36,12 @@ async def create_run(
     price_table: str | None,
 ) -> Run:
     await get_flow(session, flow_id=flow_id)
+    if body.mode == "record" and body.source_run_id is not None:
+        raise InvalidParams(
+            "only replay and strict_replay runs have a source run", field="source_run_id"
+        )
+    if body.mode != "record" and body.source_run_id is None:
+        raise InvalidParams(f"required when mode is {body.mode!r}", field="source_run_id")
     source: Run | None = None
     if body.source_run_id is not None:
         source = await session.get(Run, body.source_run_id)
@@ -48,7 +54,7 @@ async def create_run(
         pool_policy = placement_to_json(body.pool_policy)
         validate_placement(pool_policy, pools, field="pool_policy")
         fs_policy = body.fs_policy.model_dump()
-        table = prices.get(price_table) if price_table else prices.latest()
+        price_version = (prices.get(price_table) if price_table else prices.latest()).version
     else:
         assert source is not None  # RunCreate requires it for the replay modes
         replay = inherited(body, source)
@@ -58,7 +64,15 @@ async def create_run(
             )
         seed, policy, budgets = replay.seed, replay.policy, replay.budgets
         pool_policy, fs_policy = replay.pool_policy, replay.fs_policy
-        table = prices.get(replay.price_table)
+        price_version = replay.price_table
+        if body.mode == "strict_replay":  # it runs engines again, at the recorded prices
+            try:
+                prices.get(price_version)
+            except NotFound:
+                raise InvalidParams(
+                    f"the recorded run's price table {price_version!r} is not installed here",
+                    field="source_run_id",
+                ) from None
     evaluator = RulePolicy.from_policy(policy, field="policy")
     now = clock.now()
     run = Run(
@@ -71,7 +85,7 @@ async def create_run(
         budgets=budgets,
         policy=policy,
         policy_hash=evaluator.policy_hash,
-        price_table=table.version,
+        price_table=price_version,
         tokens_in_reserved=0,
         tokens_out_reserved=0,
         cost_reserved_usd=0.0,

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -108,14 +109,19 @@ async def submit_step(tx: Tx, *, run_id: str, body: StepCreate, ctx: SubmitConte
             effective, ctx.pools.views(), field="placement" if placement else "pool_policy"
         )
     else:
+        if not _is_sqlite(session):  # the admission lock first, as record submissions take it
+            await _admission_lock(session, body.priority)
         run = await lock_run(session, run_id)
         existing = await _by_token(session, run_id, body.client_token)  # raced the lock
         if existing is not None:
             return Submitted(_same_request(existing, request_hash), False, ledger_of(run))
+        check_run_accepts_steps(RunStatus(run.status))  # it may have been cancelled meanwhile
         target = await replay_target(session, run)
         pool_id = target.pool_id
     pool = ctx.pools.get(pool_id) if pool_id is not None else None
-    model = step_input.get("model") or (pool.model_name if pool is not None else None)
+    model = step_input.get("model") or (
+        pool.model_name if pool is not None else target.model if target is not None else None
+    )
     subject = PolicySubject(step_type=body.type, model=model, pool=pool_id)
     decision = enforce_logged(run.run_id, policy_of(run), subject)
     if decision.patterns:
@@ -321,10 +327,7 @@ async def _admit(
     session: AsyncSession, policy: AdmissionPolicy, priority: str, *, postgres: bool
 ) -> str:
     if postgres:  # one admitter per priority at a time across processes
-        await session.execute(
-            sa.text("SELECT pg_advisory_xact_lock(:key)"),
-            {"key": 70_000 + PRIORITY_RANK[priority]},
-        )
+        await _admission_lock(session, priority)
     queued = (
         await session.execute(
             sa.select(sa.func.count())
@@ -333,6 +336,13 @@ async def _admit(
         )
     ).scalar_one()
     return admit(policy, priority=priority, queued=queued)
+
+
+async def _admission_lock(session: AsyncSession, priority: str) -> None:
+    """Held to the end of the transaction; taking it again in the same one is a no-op wait."""
+    await session.execute(
+        sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": 70_000 + PRIORITY_RANK[priority]}
+    )
 
 
 async def _drop_oldest(tx: Tx, policy: AdmissionPolicy, priority: str) -> None:
@@ -443,6 +453,8 @@ async def end_unstarted(
     check_step_transition(StepStatus(step.status), status)
     step.status = status.value
     step.ended_at = clock.now()
+    if step.replay_of is not None and step.replay_outcome is None:
+        step.replay_outcome = "cancelled" if status is StepStatus.CANCELLED else "failed"
     step.output = {
         "text": "",
         "token_ids": [],
@@ -492,15 +504,21 @@ async def cancel_step(tx: Tx, *, step_id: str) -> tuple[str, bool]:
 
 
 async def claim_queued(
-    session: AsyncSession, *, pool_id: str, limit: int
+    session: AsyncSession, *, pool_id: str, limit: int, full_replicas: Sequence[str] = ()
 ) -> list[tuple[Step, Run]]:
     """Lock up to ``limit`` queued steps of a pool: interactive before batch, FIFO within
-    a priority (SKIP LOCKED on PostgreSQL, so processes never claim the same step)."""
+    a priority (SKIP LOCKED on PostgreSQL, so processes never claim the same step).
+
+    Steps pinned to a replica in ``full_replicas`` (strict_replay) are passed over, so they
+    wait for their replica without holding back steps that can run elsewhere."""
+    where = [Step.status == StepStatus.QUEUED.value, Step.pool_id == pool_id]
+    if full_replicas:
+        where.append(sa.or_(Step.replay_of.is_(None), Step.replica_id.not_in(list(full_replicas))))
     rows = (
         await session.execute(
             sa.select(Step, Run)
             .join(Run, Run.run_id == Step.run_id)
-            .where(Step.status == StepStatus.QUEUED.value, Step.pool_id == pool_id)
+            .where(*where)
             .order_by(Step.priority_rank, Step.step_id)
             .limit(limit)
             .with_for_update(of=Step, skip_locked=True)

@@ -12,7 +12,7 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, cast
+from typing import Any, cast, get_args
 
 import orjson
 import sqlalchemy as sa
@@ -21,11 +21,13 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from contracts.flows import FlowCreate
+from contracts.steps import StepType
 from contracts.transfer import BUNDLE_FORMAT, RunBundle
+from orchestrator_core.admission import PRIORITY_RANK
 from orchestrator_core.errors import Conflict, InvalidParams, NotFound
 from orchestrator_core.event_order import EventOrder, EventOrderError, EventType
 from orchestrator_core.flows import flow_id_for, normalize_flow
-from orchestrator_core.lifecycle import StepStatus
+from orchestrator_core.lifecycle import RunStatus, StepStatus
 from orchestratord.db.models import Checkpoint, Event, Fact, Flow, Run, Step
 from orchestratord.tx import Tx
 
@@ -351,12 +353,22 @@ def _check_step_logs(steps: Sequence[Row], events: Sequence[Row]) -> None:
             )
 
 
+STEP_TYPES: tuple[str, ...] = get_args(StepType)
+
+
+def _check_choice(value: Any, allowed: Sequence[str], field: str) -> None:
+    if value not in allowed:
+        raise InvalidParams(f"is {value!r}; one of {', '.join(allowed)}", field=field)
+
+
 def _validate(bundle: RunBundle) -> _Decoded:
     flow = _decode(_FLOWS, bundle.flow, "flow")
     _check_flow(flow)
     run = _decode(_RUNS, bundle.run, "run")
     if run["flow_id"] != flow["flow_id"]:
         raise InvalidParams("is not the bundle's flow", field="run.flow_id")
+    _check_choice(run["mode"], ("record", "replay", "strict_replay"), "run.mode")
+    _check_choice(run["status"], tuple(s.value for s in RunStatus), "run.status")
     run_id = run["run_id"]
     rows = {
         name: [_decode(table, r, f"{name}[{i}]") for i, r in enumerate(raw)]
@@ -378,6 +390,13 @@ def _validate(bundle: RunBundle) -> _Decoded:
                 f"is {step['status']!r}: a bundle holds ended steps only "
                 "(succeeded, failed or cancelled)",
                 field=f"steps[{i}].status",
+            )
+        _check_choice(step["type"], STEP_TYPES, f"steps[{i}].type")
+        _check_choice(step["priority"], tuple(PRIORITY_RANK), f"steps[{i}].priority")
+        if step["priority_rank"] != PRIORITY_RANK[step["priority"]]:
+            raise InvalidParams(
+                f"must be {PRIORITY_RANK[step['priority']]} for priority {step['priority']!r}",
+                field=f"steps[{i}].priority_rank",
             )
         if not 0 <= step["position"] < run["step_count"]:
             raise InvalidParams(

@@ -178,3 +178,14 @@ def test_recorded_stream_from_events() -> None:
     assert rec.tokens == (RecordedToken("x", 3), RecordedToken("y", None))
     assert rec.end == {"end": "length"}
     assert recorded_stream([{"type": "error", "code": "E"}]).end == {"error": "E"}
+
+
+def test_streamed_logprobs_are_compared_too() -> None:
+    rec = RecordedStream(tokens=(RecordedToken("a", 1, -0.25),), stop_reason="eos")
+    assert StreamComparator(rec).push("a", 1, -0.25) is None
+    div = StreamComparator(rec).push("a", 1, -0.2500001)
+    assert div is not None
+    assert div.expected == {"t": "a", "token_id": 1, "logprob": -0.25}
+    assert div.actual == {"t": "a", "token_id": 1, "logprob": -0.2500001}
+    events = [{"type": "token", "t": "a", "token_id": 1, "logprob": -0.25}]
+    assert recorded_stream(events).tokens == rec.tokens

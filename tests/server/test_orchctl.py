@@ -224,6 +224,24 @@ def test_submit_retries_what_the_server_calls_retriable() -> None:
     assert tokens == ["a", "a", "a"]
 
 
+def test_submit_retries_a_lost_connection_with_the_same_token(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("orchestratord.client.time.sleep", lambda _s: None)
+    tokens: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        tokens.append(json.loads(request.content)["client_token"])
+        if len(tokens) == 1:
+            raise httpx.ReadTimeout("the answer was lost", request=request)
+        return httpx.Response(200, json={"step_id": "step_1", "status": "running"})
+
+    with _mock_client(handler) as client:
+        body = {"type": "llm_call", "client_token": "a", "input": {}}
+        assert submit_retrying(client, "run_1", body)["step_id"] == "step_1"
+    assert tokens == ["a", "a"]
+
+
 # --- verdicts, exit codes and rendering -----------------------------------------------------
 
 

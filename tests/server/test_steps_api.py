@@ -38,6 +38,7 @@ async def test_step_record_has_output_usage_and_provenance(client: httpx.AsyncCl
         "decode_time_ms",
         "price_table",
         "policy_hash",
+        "model",
     }
     assert prov["seed"] == 5
     assert HASH.match(prov["prompt_hash"]) and HASH.match(prov["params_hash"])
@@ -208,8 +209,11 @@ async def test_replay_modes_need_a_source_run(client: httpx.AsyncClient, mode: s
     flow_id = await make_flow(client)
     r = await client.post(f"/v1/flows/{flow_id}/runs", json={"mode": mode})
     assert r.status_code == 422
-    assert "source_run_id" in r.json()["message"]
+    assert r.json()["details"]["errors"][0]["field"] == "source_run_id"
     source = await make_run(client, flow_id)
+    r = await client.post(f"/v1/flows/{flow_id}/runs", json={"source_run_id": source})
+    assert r.status_code == 422  # a record run has no source
+    assert r.json()["details"]["errors"][0]["field"] == "source_run_id"
     r = await client.post(f"/v1/flows/{flow_id}/runs", json={"mode": mode, "source_run_id": source})
     assert r.status_code == 201 and r.json()["mode"] == mode
 

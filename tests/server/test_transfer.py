@@ -145,7 +145,9 @@ async def check_round_trip(source: httpx.AsyncClient, target: httpx.AsyncClient)
     # The imported run goes on: the flow, the ids and the run cursors carry over.
     flow_id = bundle["flow"]["flow_id"]
     assert (await target.get(f"/v1/flows/{flow_id}")).json()["labels"] == {"team": "a"}
-    follow = await target.post(f"/v1/flows/{flow_id}/runs", json={"source_run_id": run_id})
+    follow = await target.post(
+        f"/v1/flows/{flow_id}/runs", json={"mode": "replay", "source_run_id": run_id}
+    )
     assert follow.status_code == 201, follow.text
     new_step = (await submit(target, run_id, token="s-next", max_tokens=4)).json()["step_id"]
     step = await wait_status(target, new_step, "succeeded")
