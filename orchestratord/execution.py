@@ -134,7 +134,7 @@ class Execution:
 
     async def run(self) -> None:
         step, run, replica = self.claimed.step, self.claimed.run, self.replica
-        caps = self.pool.capabilities
+        caps = self.pool.identity_of(replica)
         inp = step.input
         llm = normalize_llm_input(
             prompt=inp.get("prompt"),

@@ -30,6 +30,7 @@ class Replica:
     model: str | None = None
     busy: int = 0
     health: Health = field(default_factory=lambda: Health(live=True, ready=True))
+    capabilities: dict[str, Any] = field(default_factory=dict)
 
     @property
     def free(self) -> int:
@@ -66,6 +67,10 @@ class Pool:
             if n is not None:
                 return n
         return len(request.rendered_prompt().encode())
+
+    def identity_of(self, replica: Replica) -> dict[str, Any]:
+        """The capabilities ``replica`` reported, else the pool's."""
+        return replica.capabilities or self.capabilities
 
     def acquire(self, replica_id: str | None = None) -> Replica | None:
         """Take a slot on the replica with most free slots (ties: smallest replica id), or
@@ -152,25 +157,30 @@ class PoolRegistry:
                     replica.health = await replica.adapter.health()
                 except Exception as exc:
                     replica.health = Health(live=False, ready=False, detail=str(exc))
-            if pool.replicas:
+            for replica in pool.replicas:  # each replica reports the build it runs
                 try:
-                    caps = await pool.replicas[0].adapter.capabilities()
-                    pool.capabilities = caps.as_dict()
+                    replica.capabilities = (await replica.adapter.capabilities()).as_dict()
                 except Exception as exc:
-                    log.warning("pool %s: capabilities unavailable: %s", pool.pool_id, exc)
+                    log.warning(
+                        "replica %s/%s: capabilities unavailable: %s",
+                        pool.pool_id,
+                        replica.replica_id,
+                        exc,
+                    )
+            if pool.replicas and pool.replicas[0].capabilities:
+                pool.capabilities = pool.replicas[0].capabilities
 
     def identities(self) -> dict[tuple[str, str], EngineIdentity]:
         """What each replica runs, as provenance names it (for strict_replay's checks)."""
         out = {}
         for pool in self.pools.values():
-            caps = pool.capabilities
-            identity = EngineIdentity(
-                engine=caps.get("engine", pool.engine),
-                engine_version=caps.get("engine_version"),
-                model_hash=caps.get("model_hash"),
-            )
             for replica in pool.replicas:
-                out[(pool.pool_id, replica.replica_id)] = identity
+                caps = pool.identity_of(replica)
+                out[(pool.pool_id, replica.replica_id)] = EngineIdentity(
+                    engine=caps.get("engine", pool.engine),
+                    engine_version=caps.get("engine_version"),
+                    model_hash=caps.get("model_hash"),
+                )
         return out
 
     async def aclose(self) -> None:

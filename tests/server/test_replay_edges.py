@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from typing import Any
 
 import httpx
@@ -10,7 +11,9 @@ import orjson
 
 from orchestratord.pools import Replica
 from orchestratord.runtime import Orchestrator
+from test_harness.perturbed import PerturbedAdapter
 from tests.helpers import make_flow, make_run, submit, wait_status
+from worker_adapters.base import Capabilities
 from worker_adapters.sim import SimAdapter
 
 ENDED = ("succeeded", "failed", "cancelled")
@@ -186,3 +189,47 @@ async def test_replay_waits_for_nothing_when_the_run_is_cancelled(
     r = await submit(live, replay, "t0", "prompt 0", max_tokens=8)
     assert r.status_code == 409 and r.json()["code"] == "CONFLICT"
     await asyncio.sleep(0)
+
+
+class _Upgraded(PerturbedAdapter):
+    """The same engine reporting another build (what a rolling upgrade looks like)."""
+
+    version = "1.0-r1"
+    model_hash: str | None = None
+
+    async def capabilities(self) -> Capabilities:
+        caps = await super().capabilities()
+        return dataclasses.replace(
+            caps, engine_version=self.version, model_hash=self.model_hash or caps.model_hash
+        )
+
+
+async def test_engine_identity_is_each_replicas_own(
+    live: httpx.AsyncClient, orch: Orchestrator
+) -> None:
+    pool = orch.pools.pools["local"]
+    r0 = pool.replicas[0]
+    upgraded = _Upgraded(r0.adapter)
+    pool.replicas.append(Replica("r1", upgraded, slots=1))
+    await orch.pools.refresh()
+    r0.busy = r0.slots  # the step lands on r1
+    flow_id, source, recorded = await _record(live)
+    r0.busy = 0
+    step = (await live.get(f"/v1/steps/{recorded[0]}")).json()
+    assert step["replica_id"] == "r1"
+    assert step["provenance"]["engine_version"] == "1.0-r1"
+    upgraded.model_hash = "sha256:" + "2" * 64
+    await orch.pools.refresh()
+    r = await live.post(
+        f"/v1/flows/{flow_id}/runs", json={"mode": "strict_replay", "source_run_id": source}
+    )
+    assert r.status_code == 409
+    assert r.json()["details"]["mismatches"] == [
+        {
+            "input": "model_hash",
+            "pool_id": "local",
+            "replica_id": "r1",
+            "recorded": r0.capabilities["model_hash"],
+            "current": "sha256:" + "2" * 64,
+        }
+    ]
