@@ -16,7 +16,13 @@ from orchestrator_core import budgets, clock
 from orchestrator_core.admission import PRIORITY_RANK, AdmissionPolicy, admit, dropped_error
 from orchestrator_core.budgets import BudgetExceeded, Ledger, Limits, Reservation
 from orchestrator_core.canonical import sha256_of
-from orchestrator_core.errors import Conflict, InvalidParams, NotFound, Unsupported
+from orchestrator_core.errors import (
+    Conflict,
+    InvalidParams,
+    NotFound,
+    PoolUnavailable,
+    Unsupported,
+)
 from orchestrator_core.event_order import EventOrder, EventType
 from orchestrator_core.generation import normalize_llm_input
 from orchestrator_core.lifecycle import (
@@ -30,7 +36,7 @@ from orchestrator_core.policy import Decision, PolicyDenied, PolicySubject, Rule
 from orchestratord.db.models import Event, Run, Step
 from orchestratord.eventlog import make_event
 from orchestratord.policies import policy_of
-from orchestratord.pools import PoolRegistry
+from orchestratord.pools import Pool, PoolRegistry
 from orchestratord.prices import PriceBook
 from orchestratord.repo.budgets import read_ledger, reserve, settle
 from orchestratord.repo.replay_steps import (
@@ -151,6 +157,8 @@ async def submit_step(tx: Tx, *, run_id: str, body: StepCreate, ctx: SubmitConte
             return await _submit_unexecuted(tx, run=run, row=row, target=target)
     assert pool_id is not None
     pool = ctx.pools.require(pool_id)
+    if target is not None:
+        _require_ready_replica(pool, target)
     model = step_input.get("model") or pool.model_name
     price = ctx.prices.get(run.price_table).price_for(pool.engine, model)
     tokens_in = pool.count_prompt_tokens(llm)
@@ -260,6 +268,19 @@ class _StepRow:
             tokens_out=0,
             cost_usd=0.0,
             created_at=clock.now(),
+        )
+
+
+def _require_ready_replica(pool: Pool, target: ReplayTarget) -> None:
+    """A strict_replay step runs on its recorded replica only: refuse it, retriably, while
+    that replica is not ready (as placement refuses a step when no pool is ready)."""
+    replica_id = target.recorded.replica_id if target.recorded else None
+    replica = pool.replica(replica_id or "")
+    if replica is None or not replica.health.ready:
+        raise PoolUnavailable(
+            f"the recorded replica {pool.pool_id}/{replica_id} is not ready",
+            details={"pool_id": pool.pool_id, "replica_id": replica_id},
+            retry_after_ms=1000,
         )
 
 

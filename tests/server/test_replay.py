@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any
 
@@ -11,6 +12,7 @@ import pytest
 from orchestratord.runtime import Orchestrator
 from test_harness.perturbed import PerturbedAdapter
 from tests.helpers import SseEvent, make_flow, make_run, read_stream, submit, wait_status
+from worker_adapters.base import Capabilities
 from worker_adapters.sim import SimAdapter
 
 PROMPTS = ["first question", "second: more detail", "third, the last"]
@@ -207,13 +209,21 @@ async def test_strict_replay_reports_an_early_end(
     assert divergence["actual"] == {"end": "eos"}
 
 
+class _Rebuilt(PerturbedAdapter):
+    """The same engine, reporting another build and other weights."""
+
+    async def capabilities(self) -> Capabilities:
+        caps = await super().capabilities()
+        return dataclasses.replace(caps, engine_version="9.9", model_hash="sha256:" + "1" * 64)
+
+
 async def test_strict_replay_refusal_lists_every_mismatch(
     live: httpx.AsyncClient, orch: Orchestrator
 ) -> None:
     flow_id, source, _ = await _record(live, n=1)
     pool = orch.pools.pools["local"]
-    pool.capabilities["model_hash"] = "sha256:" + "1" * 64
-    pool.capabilities["engine_version"] = "9.9"
+    pool.replicas[0].adapter = _Rebuilt(pool.replicas[0].adapter)
+    await orch.pools.refresh()
     r = await live.post(
         f"/v1/flows/{flow_id}/runs",
         json={

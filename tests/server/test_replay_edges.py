@@ -13,7 +13,7 @@ from orchestratord.pools import Replica
 from orchestratord.runtime import Orchestrator
 from test_harness.perturbed import PerturbedAdapter
 from tests.helpers import make_flow, make_run, submit, wait_status
-from worker_adapters.base import Capabilities
+from worker_adapters.base import Capabilities, Health
 from worker_adapters.sim import SimAdapter
 
 ENDED = ("succeeded", "failed", "cancelled")
@@ -233,3 +233,31 @@ async def test_engine_identity_is_each_replicas_own(
             "current": "sha256:" + "2" * 64,
         }
     ]
+
+
+class _Down(PerturbedAdapter):
+    async def health(self) -> Health:
+        return Health(live=False, ready=False, detail="restarting")
+
+
+async def test_strict_steps_are_refused_retriably_while_their_replica_is_down(
+    live: httpx.AsyncClient, orch: Orchestrator
+) -> None:
+    flow_id, source, _ = await _record(live)
+    strict = await _replay(live, flow_id, source, "strict_replay")
+    replica = orch.pools.pools["local"].replicas[0]
+    engine = replica.adapter
+    replica.adapter = _Down(engine)  # what the health checks will keep seeing
+    await orch.pools.refresh()
+    r = await submit(live, strict, "t0", "prompt 0", max_tokens=8)
+    assert r.status_code == 503
+    body = r.json()
+    assert body["code"] == "POOL_UNAVAILABLE" and body["retriable"] is True
+    assert body["details"] == {"pool_id": "local", "replica_id": "r0"}
+    assert r.headers["Retry-After"] == "1"
+    replica.adapter = engine
+    await orch.pools.refresh()
+    again = await submit(live, strict, "t0", "prompt 0", max_tokens=8)  # the retry is accepted
+    assert again.status_code == 202
+    step = await wait_status(live, again.json()["step_id"], *ENDED)
+    assert step["position"] == 0 and step["replay_outcome"] == "identical"
