@@ -49,16 +49,27 @@ class Dispatcher:
         self.poll_s = poll_s
         self.executions: dict[str, Execution] = {}
         self._wake = asyncio.Event()
+        self._stopping = False
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._loop(), name="dispatcher")
 
     async def stop(self, grace_s: float = 5.0) -> None:
+        """Stop claiming between two rounds, then stop the running steps.
+
+        The loop is not cancelled in the middle of a claim: a transaction cut there could
+        leave its connection, and the row locks it holds, behind until it is collected, and
+        the event writer's last commit would wait on them."""
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            self._stopping = True
+            self._wake.set()
+            try:
+                await asyncio.wait_for(asyncio.shield(self._task), grace_s)
+            except TimeoutError:
+                self._task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._task
         for execution in list(self.executions.values()):
             execution.request_cancel()
         tasks = [e.task for e in self.executions.values() if e.task is not None]
@@ -76,10 +87,12 @@ class Dispatcher:
         return True
 
     async def _loop(self) -> None:
-        while True:
+        while not self._stopping:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self.poll_s)
             self._wake.clear()
+            if self._stopping:
+                return
             try:
                 await self.dispatch_once()
                 await self._poll_cancels()
