@@ -86,6 +86,16 @@ class LlmInput:
         return "".join(f"{m.role}: {m.content}\n" for m in self.messages) + "assistant:"
 
 
+def llm_input_of(step_input: dict[str, Any]) -> LlmInput:
+    """Normalize a stored ``llm_call`` input (``prompt`` or ``messages``, ``params``, ``model``)."""
+    return normalize_llm_input(
+        prompt=step_input.get("prompt"),
+        messages=step_input.get("messages"),
+        params=step_input.get("params"),
+        model=step_input.get("model"),
+    )
+
+
 def normalize_llm_input(
     *,
     prompt: str | None,

@@ -40,6 +40,18 @@ class StrictReplayMismatch(OrchestratorError):
         )
 
 
+class ReplayMiss(OrchestratorError):
+    """A replay step has no equal recorded step at its position (a step error, not HTTP)."""
+
+    code = "REPLAY_MISS"
+
+
+class ReplayDiverged(OrchestratorError):
+    """A strict_replay step's stream differs from the record (a step error, not HTTP)."""
+
+    code = "REPLAY_DIVERGED"
+
+
 def material_policy(policy: dict[str, Any]) -> list[dict[str, Any]]:
     """The part of a policy that can change output: its redact rules, in order.
 

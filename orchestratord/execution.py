@@ -27,18 +27,18 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from orchestrator_core import clock
 from orchestrator_core.budgets import Limits, step_deadline_ms
 from orchestrator_core.event_order import EventType
-from orchestrator_core.generation import normalize_llm_input
+from orchestrator_core.generation import llm_input_of
 from orchestrator_core.lifecycle import StepStatus
 from orchestrator_core.policy import PolicySubject, StreamRedactor
 from orchestrator_core.pricing import Price
-from orchestrator_core.replay import StreamComparator
+from orchestrator_core.replay import ReplayDiverged, StreamComparator
 from orchestratord.db.models import Run, Step
 from orchestratord.engine_requests import generation_request
 from orchestratord.eventlog import EventWriter, StepLog
 from orchestratord.policies import policy_of
 from orchestratord.pools import Pool, Replica
 from orchestratord.repo.budgets import settle
-from orchestratord.repo.replay_steps import REPLAY_DIVERGED, load_recorded_stream
+from orchestratord.repo.replay_steps import load_recorded_stream
 from orchestratord.repo.steps import end_interrupted, get_step, settle_run_after_step
 from orchestratord.tx import Tx
 from worker_adapters import AdapterError, EngineUnavailable, Finish, Token
@@ -136,12 +136,8 @@ class Execution:
         step, run, replica = self.claimed.step, self.claimed.run, self.replica
         caps = self.pool.identity_of(replica)
         inp = step.input
-        llm = normalize_llm_input(
-            prompt=inp.get("prompt"),
-            messages=inp.get("messages"),
-            params=inp.get("params"),
-            model=inp.get("model"),
-        )
+        llm = llm_input_of(inp)
+        model = inp.get("model") or self.pool.model_name
         determinism = {
             "seed": run.seed,
             "prompt_hash": llm.prompt_hash,
@@ -151,7 +147,7 @@ class Execution:
             "model_hash": caps.get("model_hash"),
             "pool_id": self.pool.pool_id,
             "replica_id": replica.replica_id,
-            "model": inp.get("model") or self.pool.model_name,
+            "model": model,
         }
         comparator = (
             StreamComparator(await load_recorded_stream(self.writer.db, step.replay_of))
@@ -173,11 +169,7 @@ class Execution:
             llm, request_id=step.step_id, seed=run.seed, max_tokens=granted
         )
         decision = policy_of(run).evaluate(
-            PolicySubject(
-                step_type=step.type,
-                model=inp.get("model") or self.pool.model_name,
-                pool=self.pool.pool_id,
-            )
+            PolicySubject(step_type=step.type, model=model, pool=self.pool.pool_id)
         )
         redactor = StreamRedactor(decision.patterns) if decision.patterns else None
         run_limits = Limits.from_dict(run.budgets)
@@ -331,21 +323,16 @@ class Execution:
             "position": step.position,
             **divergence.as_dict(),
         }
-        body = {
-            "code": REPLAY_DIVERGED,
-            "message": f"strict replay diverged from step {step.replay_of} at "
-            + divergence.describe(),
-            "retriable": False,
-            "retry_after_ms": None,
-            "details": {
+        error = ReplayDiverged(
+            f"strict replay diverged from step {step.replay_of} at {divergence.describe()}",
+            details={
                 "divergence": report,
                 "pool_id": self.pool.pool_id,
                 "replica_id": self.replica.replica_id,
                 "tokens_out": end.provenance["tokens_out"],
             },
-            "correlation_id": None,
-            "provenance": end.provenance,
-        }
+        )
+        body = {**error.body(), "correlation_id": None, "provenance": end.provenance}
         log.warning(
             "strict replay diverged",
             extra={"step_id": step.step_id, "run_id": step.run_id, "divergence": report},

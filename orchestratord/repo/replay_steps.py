@@ -18,18 +18,21 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from orchestrator_core import clock
 from orchestrator_core.errors import NotFound
-from orchestrator_core.generation import LlmInput, normalize_llm_input
+from orchestrator_core.generation import LlmInput, llm_input_of
 from orchestrator_core.lifecycle import StepStatus
-from orchestrator_core.replay import RecordedStream, StepKey, recorded_stream, step_differences
+from orchestrator_core.replay import (
+    RecordedStream,
+    ReplayMiss,
+    StepKey,
+    recorded_stream,
+    step_differences,
+)
 from orchestratord.db.engine import Database
 from orchestratord.db.models import Event, Run, Step
 from orchestratord.eventlog import LogEvent
 from orchestratord.pools import PoolRegistry
 from orchestratord.repo.budgets import settle
 from orchestratord.tx import Tx
-
-REPLAY_MISS = "REPLAY_MISS"
-REPLAY_DIVERGED = "REPLAY_DIVERGED"
 
 
 async def lock_run(session: AsyncSession, run_id: str) -> Run:
@@ -56,15 +59,6 @@ async def recorded_at(session: AsyncSession, source_run_id: str, position: int) 
     ).scalar_one_or_none()
 
 
-def llm_of(step_input: dict[str, Any]) -> LlmInput:
-    return normalize_llm_input(
-        prompt=step_input.get("prompt"),
-        messages=step_input.get("messages"),
-        params=step_input.get("params"),
-        model=step_input.get("model"),
-    )
-
-
 def key_of(step_type: str, llm: LlmInput, seed: int) -> StepKey:
     return StepKey(
         type=step_type,
@@ -77,7 +71,7 @@ def key_of(step_type: str, llm: LlmInput, seed: int) -> StepKey:
 
 def recorded_key(recorded: Step, source_seed: int) -> StepKey:
     seed = (recorded.provenance or {}).get("seed", source_seed)
-    return key_of(recorded.type, llm_of(recorded.input), int(seed))
+    return key_of(recorded.type, llm_input_of(recorded.input), int(seed))
 
 
 def differences(
@@ -99,19 +93,16 @@ def miss_error(
         message = f"the source run has no step at position {position}"
     else:
         message = f"the step differs from the recorded step at position {position} in: {names}"
-    return {
-        "code": REPLAY_MISS,
-        "message": message,
-        "retriable": False,
-        "retry_after_ms": None,
-        "details": {
+    return ReplayMiss(
+        message,
+        details={
             "position": position,
             "source_run_id": source_run_id,
             "recorded_step_id": None if recorded is None else recorded.step_id,
             "differs": [d["input"] for d in differs],
             "inputs": differs,
         },
-    }
+    ).body()
 
 
 async def _recorded_events(session: AsyncSession, step_id: str) -> list[tuple[str, str]]:

@@ -24,7 +24,7 @@ from orchestrator_core.errors import (
     Unsupported,
 )
 from orchestrator_core.event_order import EventOrder, EventType
-from orchestrator_core.generation import normalize_llm_input
+from orchestrator_core.generation import llm_input_of
 from orchestrator_core.lifecycle import (
     RunStatus,
     StepStatus,
@@ -115,7 +115,8 @@ async def submit_step(tx: Tx, *, run_id: str, body: StepCreate, ctx: SubmitConte
             effective, ctx.pools.views(), field="placement" if placement else "pool_policy"
         )
     else:
-        if not _is_sqlite(session):  # the admission lock first, as record submissions take it
+        if run.mode == "strict_replay" and not _is_sqlite(session):
+            # it may go through admission: take that lock first, as record submissions do
             await _admission_lock(session, body.priority)
         run = await lock_run(session, run_id)
         existing = await _by_token(session, run_id, body.client_token)  # raced the lock
@@ -132,12 +133,7 @@ async def submit_step(tx: Tx, *, run_id: str, body: StepCreate, ctx: SubmitConte
     decision = enforce_logged(run.run_id, policy_of(run), subject)
     if decision.patterns:
         step_input = redact_json(step_input, decision.patterns)
-    llm = normalize_llm_input(
-        prompt=step_input.get("prompt"),
-        messages=step_input.get("messages"),
-        params=step_input.get("params"),
-        model=step_input.get("model"),
-    )
+    llm = llm_input_of(step_input)
     cod = body.cancel_on_disconnect
     if cod is None:
         cod = run.cancel_on_disconnect
