@@ -87,8 +87,18 @@ async def test_a_budget_stop_before_the_recorded_end_is_a_divergence(
     adapter = orch.pools.pools["local"].replicas[0].adapter
     assert isinstance(adapter, SimAdapter)
     adapter.tokens_per_s = 20.0  # the replica got slower: the wall budget stops it early
-    strict = await _replay(live, flow_id, source, "strict_replay", budgets={"max_wall_ms": 150})
-    step_id = (await submit(live, strict, "t0", "prompt 0", max_tokens=8)).json()["step_id"]
+    strict = await _replay(live, flow_id, source, "strict_replay")
+    r = await live.post(  # the step's own wall budget counts from its start, not the run's
+        f"/v1/runs/{strict}/steps",
+        json={
+            "type": "llm_call",
+            "client_token": "t0",
+            "input": {"prompt": "prompt 0", "params": {"max_tokens": 8}},
+            "budgets": {"max_wall_ms": 150},
+        },
+    )
+    assert r.status_code == 202, r.text
+    step_id = r.json()["step_id"]
     step = await wait_status(live, step_id, *ENDED)
     assert step["replay_outcome"] == "diverged"
     divergence = step["error"]["details"]["divergence"]
