@@ -31,7 +31,7 @@ from orchestrator_core.budgets import Ledger, Limits
 from orchestrator_core.pricing import Price
 from orchestratord.api.app import create_app
 from orchestratord.db.models import Run
-from orchestratord.repo.budgets import reserve
+from orchestratord.runs.ledger import reserve
 from orchestratord.runtime import Orchestrator
 from orchestratord.settings import Settings
 

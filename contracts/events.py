@@ -1,8 +1,13 @@
-"""Event payloads of the step and run streams (SSE ``data:``)."""
+"""Event payloads of the step and run streams (SSE ``data:``).
+
+Producers build every event through these models (``orchestratord.eventlog.StepLog.emit``);
+the log adds ``step_id`` and ``seq``. Fields a producer leaves unset are left out of the
+stored JSON, so an event carries what its producer knows, no more.
+"""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, Field
 
@@ -10,12 +15,15 @@ StopReason = Literal["eos", "length", "stop", "cancelled", "budget"]
 
 
 class Provenance(BaseModel):
+    """What produced a step's output. Control-plane kinds (tools) fill ``prompt_hash`` with
+    the hash of their normalized input and ``engine`` with ``tool:<executor kind>``."""
+
     seed: int
     prompt_hash: str
     params_hash: str
     engine: str
-    engine_version: str
-    model_hash: str
+    engine_version: str | None
+    model_hash: str | None
     pool_id: str | None
     replica_id: str | None
     tokens_in: int
@@ -25,44 +33,105 @@ class Provenance(BaseModel):
     policy_hash: str | None = None
     price_table: str | None = None
     model: str | None = Field(default=None, description="the model name the engine served")
+    tool: str | None = Field(default=None, description="tool_call: the tool called")
+    target: str | None = Field(default=None, description="tool_call: the endpoint called")
     replayed_from: str | None = Field(
         default=None, description="replay: the recorded step whose events were served"
     )
 
 
 class EventBase(BaseModel):
-    step_id: str | None
-    seq: int | None
-    type: str
+    event_type: ClassVar[str] = ""
+
+    step_id: str | None = None
+    seq: int | None = None
+    type: str = ""
 
 
 class StartedEvent(EventBase):
     """What decides the step's output, known before its first token (null for a step that
     ended before reaching an engine)."""
 
+    event_type: ClassVar[str] = "started"
     pool_id: str | None
     replica_id: str | None
     engine: str | None
     engine_version: str | None = None
     model_hash: str | None = None
+    model: str | None = None
     seed: int | None = None
     prompt_hash: str | None = None
     params_hash: str | None = None
     policy_hash: str | None = None
     price_table: str | None = None
+    tool: str | None = None
+    target: str | None = None
     replay_of: str | None = Field(
         default=None, description="strict_replay: the recorded step this one re-executes"
     )
 
 
 class TokenEvent(EventBase):
+    event_type: ClassVar[str] = "token"
     i: int
     t: str
     token_id: int | None
+    logprob: float | None = Field(default=None, description="when the step asked for logprobs")
+
+
+class ToolSuggestEvent(EventBase):
+    """llm_plan: one suggested call, valid or not; invalid ones are reported, never dropped."""
+
+    event_type: ClassVar[str] = "tool_suggest"
+    tool: str | None
+    args: Any
+    valid: bool
+    errors: list[dict[str, Any]]
+
+
+class FactEvent(EventBase):
+    """A fact the step appended to its run (tool_call: ``tool_result``); the same fields as
+    a fact posted to the run, with ``emitted_by_step`` set."""
+
+    event_type: ClassVar[str] = "fact"
+    fact_id: str
+    fact_type: str
+    data: Any
+    schema_uri: str | None
+    emitted_by_step: str | None
+
+
+class NarrationEvent(EventBase):
+    event_type: ClassVar[str] = "narration"
+    text: str
+
+
+class EscalationEvent(EventBase):
+    """A circuit breaker changed state while this step used its target."""
+
+    event_type: ClassVar[str] = "escalation"
+    target: str
+    state: Literal["closed", "open", "half_open"]
+    failures: int
+    reason: str
 
 
 class EndEvent(EventBase):
+    event_type: ClassVar[str] = "end"
     stop_reason: StopReason
     tokens_in: int
     tokens_out: int
-    provenance: Provenance
+    provenance: Provenance | None
+
+
+class ErrorEvent(EventBase):
+    """The contract's error body, plus the provenance of what ran before the error."""
+
+    event_type: ClassVar[str] = "error"
+    code: str
+    message: str
+    retriable: bool
+    retry_after_ms: int | None
+    details: dict[str, Any]
+    correlation_id: str | None = None
+    provenance: Provenance | None = None

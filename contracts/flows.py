@@ -10,8 +10,17 @@ from contracts.common import Out, Strict
 
 class HttpExecutor(Strict):
     kind: Literal["http"]
-    url: str = Field(min_length=1)
-    timeout_ms: int | None = Field(default=None, gt=0)
+    url: str = Field(min_length=1, pattern=r"^https?://", description="POSTed the args as JSON")
+    timeout_ms: int | None = Field(default=None, gt=0, description="per attempt")
+    idempotent: bool | None = Field(
+        default=None, description="the tool may be called again: failed calls are retried"
+    )
+    max_retries: int | None = Field(
+        default=None, ge=0, le=10, description="retries of an idempotent tool (default: 2)"
+    )
+    max_reply_bytes: int | None = Field(
+        default=None, gt=0, description="a larger reply is a TOOL_ERROR (default: 1 MiB)"
+    )
 
 
 class BuiltinExecutor(Strict):

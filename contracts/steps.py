@@ -1,7 +1,10 @@
+"""Step requests and views. ``StepCreate`` is a union discriminated on ``type``: each kind
+documents its own ``input`` in the OpenAPI document, and bad input names ``input.<field>``."""
+
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import Field, model_validator
 
@@ -9,6 +12,7 @@ from contracts.common import Budgets, Out, Placement, Strict
 from contracts.runs import Usage
 
 StepType = Literal["llm_plan", "llm_call", "tool_call", "fs_op", "gate_eval", "checkpoint"]
+STEP_TYPES: tuple[str, ...] = get_args(StepType)
 
 
 class ChatMessage(Strict):
@@ -41,14 +45,80 @@ class LlmCallInput(Strict):
         return self
 
 
-class StepCreate(Strict):
-    type: StepType
+class LlmPlanInput(LlmCallInput):
+    tools: list[str] = Field(
+        min_length=1,
+        max_length=64,
+        description="names of the flow's tools offered to the model; each suggestion is "
+        "validated against its tool's parameters",
+    )
+
+
+class ToolCallInput(Strict):
+    tool: str = Field(min_length=1, description="a tool of the run's flow, by name")
+    args: dict[str, Any] = Field(
+        default_factory=dict, description="validated against the tool's JSON Schema"
+    )
+
+
+class FsOpInput(Strict):
+    op: Literal["read", "write", "list", "stat", "delete"]
+    path: str = Field(min_length=1)
+    content: str | None = None
+
+
+class GateEvalInput(Strict):
+    expr: str = Field(min_length=1, description="a CEL expression over the run's facts")
+    wait_ms: int | None = Field(default=None, ge=0)
+
+
+class CheckpointInput(Strict):
+    state: dict[str, Any]
+
+
+class _StepCreateBase(Strict):
     client_token: str = Field(min_length=1, max_length=256)
-    input: dict[str, Any] = Field(default_factory=dict)
     budgets: Budgets | None = None
     placement: Placement | None = None
     cancel_on_disconnect: bool | None = None
     priority: Literal["interactive", "batch"] = "interactive"
+
+
+class LlmCallStep(_StepCreateBase):
+    type: Literal["llm_call"]
+    input: LlmCallInput
+
+
+class LlmPlanStep(_StepCreateBase):
+    type: Literal["llm_plan"]
+    input: LlmPlanInput
+
+
+class ToolCallStep(_StepCreateBase):
+    type: Literal["tool_call"]
+    input: ToolCallInput
+
+
+class FsOpStep(_StepCreateBase):
+    type: Literal["fs_op"]
+    input: FsOpInput
+
+
+class GateEvalStep(_StepCreateBase):
+    type: Literal["gate_eval"]
+    input: GateEvalInput
+
+
+class CheckpointStep(_StepCreateBase):
+    type: Literal["checkpoint"]
+    input: CheckpointInput
+
+
+StepCreate = Annotated[
+    LlmCallStep | LlmPlanStep | ToolCallStep | FsOpStep | GateEvalStep | CheckpointStep,
+    Field(discriminator="type"),
+]
+AnyStepCreate = LlmCallStep | LlmPlanStep | ToolCallStep | FsOpStep | GateEvalStep | CheckpointStep
 
 
 class StepAccepted(Out):

@@ -209,3 +209,20 @@ def step_deadline_ms(
     if decode_seconds is not None:
         candidates.append(decode_seconds * 1000)
     return min(candidates) if candidates else None
+
+
+def plan_unmetered(*, run: Limits, run_elapsed_ms: float) -> Reservation:
+    """The reservation of a step that uses no engine (a tool call, a gate): no tokens, no
+    cost; only the run's wall budget can refuse it."""
+    if run.max_wall_ms is not None and run_elapsed_ms >= run.max_wall_ms:
+        raise BudgetExceeded(
+            f"run budget max_wall_ms cannot fit this step (needs {run_elapsed_ms}, "
+            f"{run.max_wall_ms} left)",
+            details={
+                "limit": "max_wall_ms",
+                "scope": "run",
+                "needed": run_elapsed_ms,
+                "available": run.max_wall_ms,
+            },
+        )
+    return Reservation(tokens_in=0, tokens_out=0, cost_usd=0.0, clamped=False, decode_seconds=None)

@@ -8,6 +8,9 @@ OrchestratorError            code, message, retriable, details
 ├── PoolUnavailable          503 POOL_UNAVAILABLE (placement found no healthy pool)
 ├── NoCapacity               503 NO_CAPACITY
 ├── EngineError              502 ENGINE_ERROR     (raised by worker adapters)
+├── ToolArgsInvalid          422 TOOL_ARGS_INVALID (every schema error, with its pointer)
+├── ToolError                502 TOOL_ERROR       (a tool failed: a step error)
+├── CircuitOpen              503 CIRCUIT_OPEN     (a breaker is open: retriable)
 └── Cancelled                    CANCELLED
 """
 
@@ -87,3 +90,32 @@ class EngineError(OrchestratorError):
 
 class Cancelled(OrchestratorError):
     code = "CANCELLED"
+
+
+class ToolArgsInvalid(OrchestratorError):
+    code = "TOOL_ARGS_INVALID"
+
+    def __init__(self, tool: str, errors: list[dict[str, str]]) -> None:
+        first = errors[0] if errors else {"pointer": "", "message": "invalid"}
+        super().__init__(
+            f"args of tool {tool!r} do not match its schema: "
+            f"{first['pointer'] or '/'}: {first['message']}"
+            + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""),
+            details={"tool": tool, "field": "input.args", "errors": errors},
+        )
+
+
+class ToolError(OrchestratorError):
+    code = "TOOL_ERROR"
+
+
+class CircuitOpen(OrchestratorError):
+    code = "CIRCUIT_OPEN"
+    retriable = True
+
+    def __init__(self, target: str, *, retry_after_ms: int) -> None:
+        super().__init__(
+            f"circuit {target} is open: calls fail fast for {retry_after_ms} ms",
+            details={"target": target, "state": "open"},
+            retry_after_ms=retry_after_ms,
+        )

@@ -79,12 +79,6 @@ class LlmInput:
     def params_hash(self) -> str:
         return sha256_of(self.params.as_dict())
 
-    def render(self) -> str:
-        """A plain-text view of the prompt for engines without a chat template."""
-        if self.messages is None:
-            return self.prompt or ""
-        return "".join(f"{m.role}: {m.content}\n" for m in self.messages) + "assistant:"
-
 
 def llm_input_of(step_input: dict[str, Any]) -> LlmInput:
     """Normalize a stored ``llm_call`` input (``prompt`` or ``messages``, ``params``, ``model``)."""

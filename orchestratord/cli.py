@@ -11,7 +11,7 @@ from typing import Any
 
 from orchestratord.api.correlation import CorrelationLogFilter
 from orchestratord.event_logging import JsonFormatter
-from orchestratord.pool_config import PoolConfigError, load_pools_file
+from orchestratord.pools.config import PoolConfigError, load_pools_file
 from orchestratord.settings import Settings
 
 

@@ -1,4 +1,7 @@
-"""The dispatcher: claims queued steps when their pool has a free slot and runs them.
+"""The dispatcher: claims queued steps when their lane has a free slot and runs them.
+
+A lane is a pool of engines (steps of engine kinds), or the control plane itself (steps of
+kinds that run here: tool calls...), which takes ``control_slots`` steps at a time.
 
 Claims are atomic (``UPDATE ... WHERE status='queued'`` after ``SELECT ... FOR UPDATE SKIP
 LOCKED`` on PostgreSQL), so several processes can share one database without running a step
@@ -18,15 +21,12 @@ from orchestrator_core.lifecycle import StepStatus
 from orchestratord.db.engine import Database
 from orchestratord.db.models import Step
 from orchestratord.eventlog import EventWriter
-from orchestratord.execution import ClaimedStep, Execution
-from orchestratord.pools import PoolRegistry, Replica
+from orchestratord.pools.registry import PoolRegistry, Replica
 from orchestratord.prices import PriceBook
-from orchestratord.repo.steps import (
-    cancel_requested_among,
-    claim_queued,
-    end_interrupted,
-    mark_running,
-)
+from orchestratord.steps.queries import cancel_requested_among, claim_queued
+from orchestratord.steps.running import ClaimedStep, Execution
+from orchestratord.steps.services import KindServices
+from orchestratord.steps.transition import end_interrupted, transition
 from orchestratord.tx import Tx
 
 log = logging.getLogger(__name__)
@@ -39,10 +39,18 @@ class Dispatcher:
         pools: PoolRegistry,
         writer: EventWriter,
         prices: PriceBook,
+        services: KindServices,
         *,
         poll_s: float = 0.5,
+        control_slots: int = 64,
     ) -> None:
         self.db = db
+        self.services = services
+        self.control_slots = control_slots
+        self._control_running = 0
+        # Whether control-plane steps may be waiting: a claim round costs a write
+        # transaction, so it runs when a submission said so, or on a poll (another process).
+        self._control_hint = True
         self.prices = prices
         self.pools = pools
         self.writer = writer
@@ -76,7 +84,9 @@ class Dispatcher:
         if tasks:
             await asyncio.wait(tasks, timeout=grace_s)
 
-    def wake(self) -> None:
+    def wake(self, *, control: bool = False) -> None:
+        if control:
+            self._control_hint = True
         self._wake.set()
 
     def cancel(self, step_id: str) -> bool:
@@ -88,8 +98,10 @@ class Dispatcher:
 
     async def _loop(self) -> None:
         while not self._stopping:
-            with contextlib.suppress(TimeoutError):
+            try:
                 await asyncio.wait_for(self._wake.wait(), self.poll_s)
+            except TimeoutError:
+                self._control_hint = True
             self._wake.clear()
             if self._stopping:
                 return
@@ -122,26 +134,46 @@ class Dispatcher:
                                 break
                             model = (step.input or {}).get("model") or pool.model_name
                             price = self.prices.get(run.price_table).price_for(pool.engine, model)
-                            claimed.append((ClaimedStep(step, run, price), replica))
-                            await mark_running(
-                                session, step_id=step.step_id, replica_id=replica.replica_id
-                            )
+                            claimed.append((ClaimedStep(step, run, price, pool, replica), replica))
+                            transition(step, StepStatus.RUNNING)
+                            step.replica_id = replica.replica_id
                 except BaseException:
                     for _, replica in claimed:
                         pool.release(replica)
                     raise
-                for item, replica in claimed:
-                    execution = Execution(item, pool, replica, self.writer, self._finished)
-                    self.executions[execution.step_id] = execution
-                    execution.start()
+                self._start([item for item, _ in claimed])
                 started += len(claimed)
                 if len(rows) < free or not claimed:
                     break
+        return started + await self._dispatch_control()
+
+    async def _dispatch_control(self) -> int:
+        """Steps that run in the control plane: claimed as pool steps are, without a pool."""
+        started = 0
+        while self._control_hint and (free := self.control_slots - self._control_running) > 0:
+            async with self.db.write() as session:
+                rows = await claim_queued(session, pool_id=None, limit=free)
+                for step, _ in rows:
+                    transition(step, StepStatus.RUNNING)
+            self._control_running += len(rows)
+            self._start([ClaimedStep(step, run) for step, run in rows])
+            started += len(rows)
+            if len(rows) < free:
+                self._control_hint = False
         return started
+
+    def _start(self, claimed: list[ClaimedStep]) -> None:
+        for item in claimed:
+            execution = Execution(item, self.writer, self.services, self._finished)
+            self.executions[execution.step_id] = execution
+            execution.start()
 
     def _finished(self, execution: Execution) -> None:
         self.executions.pop(execution.step_id, None)
-        execution.pool.release(execution.replica)
+        if execution.pool is not None and execution.replica is not None:
+            execution.pool.release(execution.replica)
+        else:
+            self._control_running -= 1
         self.wake()
 
     async def _poll_cancels(self) -> None:

@@ -26,6 +26,7 @@ import orjson
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from contracts.events import EventBase
 from orchestrator_core.event_order import TERMINAL_TYPES, EventOrder, EventType
 from orchestratord.db.engine import Database
 from orchestratord.db.models import Event, Run
@@ -54,6 +55,15 @@ def make_event(
 ) -> LogEvent:
     body = {"step_id": step_id, "seq": seq, "type": etype, **payload}
     return LogEvent(run_id, step_id, seq, etype, orjson.dumps(body))
+
+
+def log_event(run_id: str, step_id: str | None, seq: int | None, event: EventBase) -> LogEvent:
+    """Encode a typed event: the fields its producer set, after ``step_id, seq, type``."""
+    payload = event.model_dump(mode="json", exclude_unset=True, exclude=_BASE_FIELDS)
+    return make_event(run_id, step_id, seq, event.event_type, payload)
+
+
+_BASE_FIELDS = {"step_id", "seq", "type"}
 
 
 _EVENTS = cast(sa.Table, Event.__table__)
@@ -319,17 +329,19 @@ class StepLog:
 
     def __init__(self, writer: EventWriter, run_id: str, step_id: str) -> None:
         self._writer = writer
+        self.writer = writer
         self.run_id = run_id
         self.step_id = step_id
         self.order = EventOrder()
         self._step_bytes = step_id.encode()
 
-    def make(self, etype: EventType, payload: dict[str, object]) -> LogEvent:
-        seq = self.order.accept(etype)
-        return make_event(self.run_id, self.step_id, seq, etype.value, payload)
+    def make(self, event: EventBase) -> LogEvent:
+        seq = self.order.accept(EventType(event.event_type))
+        return log_event(self.run_id, self.step_id, seq, event)
 
-    def emit_nowait(self, etype: EventType, payload: dict[str, object]) -> None:
-        self._writer.append_nowait([self.make(etype, payload)])
+    def emit(self, event: EventBase) -> None:
+        """Queue one event; it commits with the writer's next round."""
+        self._writer.append_one_nowait(self.make(event))
 
     def token_nowait(self, i: int, text: str, token_id: int | None) -> None:
         """The hot path: a token event encoded from a template, not a dict.
@@ -346,8 +358,6 @@ class StepLog:
         )
         self._writer.append_one_nowait(LogEvent(self.run_id, self.step_id, seq, "token", data))
 
-    async def close(
-        self, etype: EventType, payload: dict[str, object], finalizer: Finalizer
-    ) -> None:
+    async def close(self, event: EventBase, finalizer: Finalizer) -> None:
         """Append the terminal event and run ``finalizer`` in the same transaction; wait."""
-        await self._writer.append([self.make(etype, payload)], finalizer=finalizer, wait=True)
+        await self._writer.append([self.make(event)], finalizer=finalizer, wait=True)

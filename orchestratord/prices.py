@@ -18,7 +18,7 @@ import yaml
 
 from orchestrator_core.errors import InvalidParams, NotFound
 from orchestrator_core.pricing import PriceTable
-from orchestratord.pool_config import EngineKind
+from orchestratord.pools.config import EngineKind
 from orchestratord.yaml_files import line_of, read_yaml
 
 PRICE_DIR = Path(__file__).with_name("price_tables")

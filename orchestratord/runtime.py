@@ -8,18 +8,23 @@ from collections.abc import AsyncIterator, Coroutine
 from contextlib import asynccontextmanager
 from typing import Any
 
+from orchestrator_core.breakers import BreakerBoard
+
 from orchestrator_core.admission import AdmissionPolicy
 from orchestratord.db.engine import Database
 from orchestratord.db.migrate import upgrade
 from orchestratord.dispatcher import Dispatcher, recover_orphans
 from orchestratord.event_logging import EventLogLines
 from orchestratord.eventlog import EventWriter
-from orchestratord.hub import Hub
-from orchestratord.pool_config import load_pools_file, local_pool
-from orchestratord.pools import PoolRegistry, build_registry
+from orchestratord.pools.config import load_pools_file, local_pool
+from orchestratord.pools.registry import PoolRegistry, build_registry
 from orchestratord.prices import PriceBook
-from orchestratord.repo.steps import SubmitContext, cancel_step
 from orchestratord.settings import Settings
+from orchestratord.steps.services import KindServices
+from orchestratord.steps.submission import SubmitContext
+from orchestratord.steps.transition import cancel_step
+from orchestratord.streams.hub import Hub
+from orchestratord.tools.executors import HttpToolSettings, ToolExecutors
 from orchestratord.tx import Tx
 
 log = logging.getLogger(__name__)
@@ -64,8 +69,28 @@ class Orchestrator:
             ),
             default_cancel_on_disconnect=settings.stream.cancel_on_disconnect,
         )
+        tools, breakers = settings.tools, settings.breakers
+        self.services = KindServices(
+            tools=ToolExecutors(
+                HttpToolSettings(
+                    default_timeout_ms=tools.default_timeout_ms,
+                    max_reply_bytes=tools.max_reply_bytes,
+                    max_retries=tools.max_retries,
+                    backoff_s=tools.backoff_s,
+                    max_connections=tools.max_connections,
+                )
+            ),
+            tool_breakers=BreakerBoard(breakers.tool_config()),
+            engine_breakers=BreakerBoard(breakers.engine_config()),
+        )
         self.dispatcher = Dispatcher(
-            self.db, self.pools, self.writer, self.prices, poll_s=settings.dispatch.poll_s
+            self.db,
+            self.pools,
+            self.writer,
+            self.prices,
+            self.services,
+            poll_s=settings.dispatch.poll_s,
+            control_slots=tools.concurrency,
         )
         self._background: set[asyncio.Task[object]] = set()
 
@@ -89,6 +114,7 @@ class Orchestrator:
         for task in list(self._background):
             task.cancel()
         await self.pools.aclose()
+        await self.services.aclose()
         await self.db.dispose()
 
     @asynccontextmanager

@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
+from orchestrator_core.breakers import BreakerConfig
 from pydantic import BaseModel, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -58,6 +59,52 @@ class AdmissionSettings(BaseModel):
     retry_after_s: int = Field(default=1, ge=1, description="Retry-After sent with a 429")
 
 
+class ToolSettings(BaseModel):
+    concurrency: int = Field(
+        default=64, ge=1, description="Steps of control-plane kinds (tool calls) run at once"
+    )
+    default_timeout_ms: int = Field(
+        default=10000, gt=0, description="HTTP tool timeout when the tool names none"
+    )
+    max_reply_bytes: int = Field(
+        default=1_048_576, gt=0, description="Largest HTTP tool reply read; larger is TOOL_ERROR"
+    )
+    max_retries: int = Field(
+        default=2, ge=0, description="Retries of a failed call, for tools marked idempotent only"
+    )
+    backoff_s: float = Field(default=0.1, ge=0, description="First retry delay; doubles")
+    max_connections: int = Field(default=64, ge=1, description="HTTP connections kept to tools")
+
+
+class BreakerSettings(BaseModel):
+    """Circuit breakers per tool endpoint and per engine replica, in each process."""
+
+    tool_failures: int = Field(
+        default=5, ge=1, description="Consecutive failures of a tool endpoint that open it"
+    )
+    engine_failures: int = Field(
+        default=5, ge=1, description="Consecutive failures of an engine replica that open it"
+    )
+    open_s: float = Field(
+        default=30.0, gt=0, description="Seconds a breaker stays open before a trial call"
+    )
+    half_open_calls: int = Field(default=1, ge=1, description="Trial calls while half-open")
+
+    def tool_config(self) -> BreakerConfig:
+        return BreakerConfig(
+            failure_threshold=self.tool_failures,
+            open_s=self.open_s,
+            half_open_max_calls=self.half_open_calls,
+        )
+
+    def engine_config(self) -> BreakerConfig:
+        return BreakerConfig(
+            failure_threshold=self.engine_failures,
+            open_s=self.open_s,
+            half_open_max_calls=self.half_open_calls,
+        )
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="ORCHESTRATORD_", env_nested_delimiter="__")
 
@@ -90,6 +137,8 @@ class Settings(BaseSettings):
     stream: StreamSettings = Field(default_factory=StreamSettings)
     dispatch: DispatchSettings = Field(default_factory=DispatchSettings)
     admission: AdmissionSettings = Field(default_factory=AdmissionSettings)
+    tools: ToolSettings = Field(default_factory=ToolSettings)
+    breakers: BreakerSettings = Field(default_factory=BreakerSettings)
     price_tables_dir: Path | None = Field(
         default=None, description="Folder of price tables; default: the ones shipped"
     )

@@ -93,3 +93,16 @@ async def wait_status(client: httpx.AsyncClient, step_id: str, *wanted: str) -> 
             return body
         await asyncio.sleep(0.02)
     raise AssertionError(f"step {step_id} never reached {wanted}: {body['status']}")
+
+
+async def read_run_stream(live: httpx.AsyncClient, run_id: str, count: int) -> list[SseEvent]:
+    """The first ``count`` events of a run's stream (it stays open: read, then leave)."""
+    got: list[SseEvent] = []
+    async with live.stream("GET", f"/v1/runs/{run_id}/stream") as r:
+        buf = ""
+        async for chunk in r.aiter_text():
+            buf += chunk
+            got, _ = parse_sse(buf)
+            if len(got) >= count:
+                break
+    return got

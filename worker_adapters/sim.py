@@ -23,7 +23,7 @@ from worker_adapters.base import (
     Token,
     WorkerAdapter,
 )
-from worker_adapters.errors import EngineFailure
+from worker_adapters.sim_json import SchemaSampler, json_pieces
 from worker_adapters.stops import StopMatcher
 
 SIM_VERSION = "1.0"
@@ -101,7 +101,9 @@ class SimAdapter(WorkerAdapter):
     async def stream(self, request: GenerationRequest) -> AsyncIterator[AdapterEvent]:
         rid = request.request_id
         if request.json_schema is not None:
-            raise EngineFailure("the sim engine cannot constrain output to a JSON schema")
+            async for event in self._stream_json(request):
+                yield event
+            return
         self._active.add(rid)
         try:
             rng = self._rng(request)
@@ -143,6 +145,42 @@ class SimAdapter(WorkerAdapter):
             self._active.discard(rid)
             self._cancelled.discard(rid)
 
+    async def _stream_json(self, request: GenerationRequest) -> AsyncIterator[AdapterEvent]:
+        """JSON for the request's schema (``sim_json``), streamed in token-sized pieces."""
+        rid = request.request_id
+        self._active.add(rid)
+        try:
+            schema = json.dumps(request.json_schema, sort_keys=True).encode()
+            seed = hashlib.sha256(self._rng(request).getrandbits(256).to_bytes(32, "big") + schema)
+            sampler = SchemaSampler(random.Random(seed.digest()))
+            text = json.dumps(sampler.sample(request.json_schema), ensure_ascii=False)
+            pieces = json_pieces(text)
+            interval = 1.0 / self.tokens_per_s if self.tokens_per_s > 0 else 0.0
+            matcher = StopMatcher(request.stop)
+            sent = 0
+            stop_reason = "eos"
+            for n, piece in enumerate(pieces):
+                if n >= request.max_tokens:
+                    stop_reason = "length"
+                    break
+                if rid in self._cancelled:
+                    return
+                await asyncio.sleep(interval)
+                for tok in matcher.push(Token(text=piece, token_id=None)):
+                    sent += 1
+                    yield tok
+                if matcher.stopped:
+                    stop_reason = "stop"
+                    break
+            for tok in matcher.flush():
+                sent += 1
+                yield tok
+            tokens_in = sim_token_count(request.rendered_prompt())
+            yield Finish(stop_reason=stop_reason, tokens_in=tokens_in, tokens_out=sent)
+        finally:
+            self._active.discard(rid)
+            self._cancelled.discard(rid)
+
     def count_tokens(self, request: GenerationRequest) -> int | None:
         return sim_token_count(request.rendered_prompt())
 
@@ -161,6 +199,6 @@ class SimAdapter(WorkerAdapter):
             model_hash=self.model_hash,
             context_size=self.context_size,
             quantization=None,
-            features=("seed", "stop", "token_ids"),
+            features=("seed", "stop", "token_ids", "json_schema"),
             extra={"tokens_per_s": self.tokens_per_s},
         )

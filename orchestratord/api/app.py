@@ -11,9 +11,15 @@ from orchestratord import __version__
 from orchestratord.api import errors
 from orchestratord.api.correlation import CorrelationIdMiddleware
 from orchestratord.api.responses import JsonResponse
-from orchestratord.api.routes import flows, records, runs, steps, streams, transfer
+from orchestratord.facts import routes as facts
+from orchestratord.flows import routes as flows
+from orchestratord.pools import routes as pools
+from orchestratord.runs import routes as runs
+from orchestratord.runs import transfer_routes as transfer
 from orchestratord.runtime import Orchestrator
 from orchestratord.settings import Settings
+from orchestratord.steps import routes as steps
+from orchestratord.streams import routes as streams
 
 
 def create_app(
@@ -45,7 +51,7 @@ def create_app(
     if orchestrator is not None:
         app.state.orchestrator = orchestrator
     errors.install(app)
-    for module in (flows, runs, steps, records, streams, transfer):
+    for module in (flows, runs, steps, facts, pools, streams, transfer):
         app.include_router(module.router)
 
     @app.get("/healthz", tags=["health"])

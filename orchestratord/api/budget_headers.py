@@ -11,7 +11,7 @@ from fastapi import Response
 from orchestrator_core import clock
 from orchestrator_core.budgets import Ledger, Limits, remaining
 from orchestratord.db.models import Run
-from orchestratord.repo.steps import ledger_of
+from orchestratord.steps.queries import ledger_of
 
 
 def set_budget_headers(response: Response, run: Run, ledger: Ledger | None = None) -> None:

@@ -8,6 +8,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from contracts.steps import STEP_TYPES
 from orchestrator_core import errors as E
 from orchestrator_core.admission import AdmissionReject, QueueFullDropLru
 from orchestrator_core.budgets import BudgetExceeded
@@ -31,8 +32,12 @@ STATUS: dict[type[E.OrchestratorError], int] = {
     E.PoolUnavailable: 503,
     E.NoCapacity: 503,
     E.EngineError: 502,
+    E.ToolArgsInvalid: 422,
+    E.ToolError: 502,
+    E.CircuitOpen: 503,
     E.Cancelled: 409,
 }
+_TAG_ERRORS = frozenset({"union_tag_invalid", "union_tag_not_found"})
 _HTTP_CODES = {404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED", 400: "INVALID_PARAMS"}
 
 
@@ -57,7 +62,12 @@ async def on_domain_error(_request: Request, exc: Exception) -> JsonResponse:
     return error_response(_status_of(exc), exc.body())
 
 
-def _field(loc: tuple[Any, ...]) -> str:
+def _field(loc: tuple[Any, ...], error_type: str = "") -> str:
+    if error_type in _TAG_ERRORS:  # the step type itself picks no kind
+        return ".".join([*(str(p) for p in loc if p != "body"), "type"])
+    if len(loc) > 1 and loc[0] == "body" and loc[1] in STEP_TYPES:
+        # a union discriminated on ``type`` puts the tag in the path: body.llm_call.input
+        loc = (loc[0], *loc[2:])
     parts = [str(p) for p in loc]
     if parts and parts[0] in ("body", "query", "path", "header"):
         head, rest = parts[0], parts[1:]
@@ -75,7 +85,9 @@ async def on_validation_error(_request: Request, exc: Exception) -> JsonResponse
             .get("error", "malformed JSON")
         )
         return error_response(400, E.InvalidParams(f"malformed JSON: {msg}", field="body").body())
-    fields = [{"field": _field(tuple(e["loc"])), "message": e["msg"]} for e in errors]
+    fields = [
+        {"field": _field(tuple(e["loc"]), e.get("type", "")), "message": e["msg"]} for e in errors
+    ]
     first = fields[0] if fields else {"field": "body", "message": "invalid"}
     return error_response(
         422,

@@ -175,7 +175,7 @@ def test_prompt_and_messages_hash_differently() -> None:
     by_prompt = llm(prompt="hello")
     by_messages = llm(prompt=None, messages=[{"role": "user", "content": "hello"}])
     assert by_prompt.prompt_hash != by_messages.prompt_hash
-    rendered = llm(prompt=by_messages.render())
+    rendered = llm(prompt=_render(by_messages))
     assert rendered.prompt_hash != by_messages.prompt_hash
 
 
@@ -224,12 +224,18 @@ def test_model_is_kept_but_not_hashed() -> None:
     assert a.prompt_hash == llm(model=None).prompt_hash
 
 
-# --- render ------------------------------------------------------------------------------------
+# --- render: one rendering, the engine request's ------------------------------------------------
+
+
+def _render(item: LlmInput) -> str:
+    from orchestratord.engine_requests import generation_request
+
+    return generation_request(item, request_id="r", seed=1).rendered_prompt()
 
 
 def test_render_prompt() -> None:
-    assert llm(prompt="say hi\r\n").render() == "say hi\n"
-    assert LlmInput(prompt=None, messages=None).render() == ""
+    assert _render(llm(prompt="say hi\r\n")) == "say hi\n"
+    assert _render(LlmInput(prompt=None, messages=None)) == ""
 
 
 def test_render_messages() -> None:
@@ -240,11 +246,11 @@ def test_render_messages() -> None:
             {"role": "user", "content": "hi\r\nthere"},
         ],
     )
-    assert item.render() == "system: be brief\nuser: hi\nthere\nassistant:"
+    assert _render(item) == "system: be brief\nuser: hi\nthere\nassistant:"
 
 
 def test_render_no_messages() -> None:
-    assert llm(prompt=None, messages=[]).render() == "assistant:"
+    assert _render(llm(prompt=None, messages=[])) == "assistant:"
 
 
 def test_llm_input_default_params() -> None:

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from orchestratord.client import Client, follow_to_end, replay_run
+from orchestrator_client.client import Client, follow_to_end, replay_run
 from tests.pg import create_database, drop_database, require_postgres
 from tests.procs import orchestratord
 

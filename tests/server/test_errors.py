@@ -52,7 +52,7 @@ async def test_invalid_correlation_id_is_replaced(client: httpx.AsyncClient) -> 
 
 
 async def test_internal_error_has_the_body_and_id(client: httpx.AsyncClient, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    from orchestratord.repo import runs
+    from orchestratord.runs import service as runs
 
     async def boom(*_a: object, **_k: object) -> None:
         raise RuntimeError("disk on fire")

@@ -72,14 +72,14 @@ def test_token_template_equals_the_generic_encoding() -> None:
         def append_nowait(self, events):  # type: ignore[no-untyped-def]
             captured.extend(events)
 
-    from orchestrator_core.event_order import EventType
+    from contracts.events import StartedEvent, TokenEvent
 
     fast, slow = StepLog(Sink(), "run_1", "step_x"), StepLog(Sink(), "run_1", "step_x")
     for log in (fast, slow):
-        log.emit_nowait(EventType.STARTED, {})
+        log.emit(StartedEvent(pool_id=None, replica_id=None, engine=None))
     for i, (text, tid) in enumerate([("a", 1), ('q"uo\\te\n', None), ("é💡", 7)]):
         fast.token_nowait(i, text, tid)
-        slow.emit_nowait(EventType.TOKEN, {"i": i, "t": text, "token_id": tid})
+        slow.emit(TokenEvent(i=i, t=text, token_id=tid))
     fast_tokens = [e for e in captured[::1] if e.type == "token"][0::2]
     slow_tokens = [e for e in captured if e.type == "token"][1::2]
     assert [e.data for e in fast_tokens] == [e.data for e in slow_tokens]

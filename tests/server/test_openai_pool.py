@@ -13,8 +13,8 @@ import httpx
 import pytest
 
 from orchestratord.api.app import create_app
-from orchestratord.pool_config import PoolSpec, ReplicaSpec
-from orchestratord.pools import build_registry
+from orchestratord.pools.config import PoolSpec, ReplicaSpec
+from orchestratord.pools.registry import build_registry
 from orchestratord.runtime import Orchestrator
 from test_harness.fake_openai import FakeState, Faults, create_fake_openai, fake_tokens
 from test_harness.servers import serve_app
@@ -166,3 +166,40 @@ async def test_pool_view_and_no_key_anywhere(rig: Rig, caplog: pytest.LogCapture
     assert SECRET not in str(pools)
     assert SECRET not in caplog.text
     assert rig.fake.auth_headers[0] == f"Bearer {SECRET}"
+
+
+async def test_a_failing_replica_opens_its_breaker_then_recovers(rig: Rig) -> None:
+    from orchestrator_core.breakers import BreakerBoard, BreakerConfig
+
+    rig.orch.services.engine_breakers = BreakerBoard(
+        BreakerConfig(failure_threshold=2, open_s=0.3, half_open_max_calls=1)
+    )
+    run_id = await make_run(rig.client)
+    rig.fake.faults = Faults(status=500)
+    failed = []
+    for i in range(2):
+        step_id = (await submit(rig.client, run_id, token=f"f{i}")).json()["step_id"]
+        failed.append(await wait_status(rig.client, step_id, "failed"))
+    assert [s["error"]["code"] for s in failed] == ["ENGINE_ERROR", "ENGINE_ERROR"]
+    events = await read_stream(rig.client, f"/v1/steps/{failed[1]['step_id']}/stream")
+    escalations = [e.data for e in events if e.event == "escalation" and e.data]
+    assert len(escalations) == 1
+    assert {k: escalations[0][k] for k in ("target", "state", "failures")} == {
+        "target": "replica:gpu/v1",
+        "state": "open",
+        "failures": 2,
+    }
+    assert escalations[0]["reason"]
+    sent = len(rig.fake.requests)
+    step_id = (await submit(rig.client, run_id, token="fast")).json()["step_id"]
+    fast = await wait_status(rig.client, step_id, "failed")
+    assert fast["error"]["code"] == "CIRCUIT_OPEN"
+    assert fast["error"]["retriable"] is True and fast["error"]["retry_after_ms"] > 0
+    assert len(rig.fake.requests) == sent  # failed fast: the engine was not asked
+    await asyncio.sleep(0.35)  # the breaker's open_s, not a timing assertion
+    rig.fake.faults = Faults()
+    step_id = (await submit(rig.client, run_id, token="trial")).json()["step_id"]
+    await wait_status(rig.client, step_id, "succeeded")
+    events = await read_stream(rig.client, f"/v1/steps/{step_id}/stream")
+    states = [e.data["state"] for e in events if e.event == "escalation" and e.data]
+    assert states == ["half_open", "closed"]

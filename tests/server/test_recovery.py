@@ -53,7 +53,7 @@ async def test_restart_ends_interrupted_steps(tmp_path: Path) -> None:
     "bad", ["pools: []", "pools:\n  - pool_id: a\n    engine: tpu\n    replicas: [{replica_id: r}]"]
 )
 def test_bad_pools_file_names_the_line(tmp_path: Path, bad: str) -> None:
-    from orchestratord.pool_config import PoolConfigError, load_pools_file
+    from orchestratord.pools.config import PoolConfigError, load_pools_file
 
     path = tmp_path / "pools.yaml"
     path.write_text(bad)

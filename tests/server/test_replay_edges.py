@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 import orjson
 
-from orchestratord.pools import Replica
+from orchestratord.pools.registry import Replica
 from orchestratord.runtime import Orchestrator
 from test_harness.perturbed import PerturbedAdapter
 from tests.helpers import make_flow, make_run, submit, wait_status

@@ -189,13 +189,21 @@ async def test_bad_step_body_names_field(
     assert any(e["field"].startswith(field) for e in r.json()["details"]["errors"]), r.json()
 
 
-@pytest.mark.parametrize("step_type", ["llm_plan", "tool_call", "fs_op", "gate_eval", "checkpoint"])
-async def test_other_step_types_answer_a_clear_error(
-    client: httpx.AsyncClient, step_type: str
+@pytest.mark.parametrize(
+    ("step_type", "step_input"),
+    [
+        ("fs_op", {"op": "read", "path": "a.txt"}),
+        ("gate_eval", {"expr": "true"}),
+        ("checkpoint", {"state": {}}),
+    ],
+)
+async def test_step_types_not_served_yet_answer_a_clear_error(
+    client: httpx.AsyncClient, step_type: str, step_input: dict[str, object]
 ) -> None:
     run_id = await make_run(client)
     r = await client.post(
-        f"/v1/runs/{run_id}/steps", json={"type": step_type, "client_token": "x", "input": {}}
+        f"/v1/runs/{run_id}/steps",
+        json={"type": step_type, "client_token": "x", "input": step_input},
     )
     assert r.status_code == 501
     body = r.json()

@@ -1,0 +1,1 @@
+"""Facts (append-only, typed) and checkpoints of a run."""

@@ -1,0 +1,138 @@
+"""Facts (append-only, typed, optionally schema-checked) and checkpoints."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import sqlalchemy as sa
+from jsonschema import Draft202012Validator
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from contracts.records import CheckpointCreate, FactCreate
+from orchestrator_core import clock
+from orchestrator_core.canonical import normalize, sha256_of
+from orchestrator_core.errors import InvalidParams, NotFound
+from orchestrator_core.policy import PolicySubject, redact_json
+from orchestratord.db.models import Checkpoint, Fact, Flow, Run, Step
+from orchestratord.eventlog import make_event
+from orchestratord.policies import policy_of
+from orchestratord.runs.service import get_run
+from orchestratord.tx import Tx
+
+
+async def emit_fact(tx: Tx, *, run_id: str, body: FactCreate) -> Fact:
+    """Append a fact and its ``fact`` event on the run stream.
+
+    When the run's flow declares ``config.fact_schemas[type]``, ``data`` must match it.
+    """
+    session = tx.session
+    run = await get_run(session, run_id=run_id)
+    flow = await session.get(Flow, run.flow_id)
+    schema = (flow.config.get("fact_schemas") or {}).get(body.type) if flow else None
+    data = normalize(body.data, "data")
+    decision = policy_of(run).evaluate(PolicySubject(step_type="fact"))
+    if decision.patterns:  # facts are stored and streamed redacted
+        data = redact_json(data, decision.patterns)
+    if schema is not None:
+        errors = sorted(Draft202012Validator(schema).iter_errors(data), key=lambda e: e.path)
+        if errors:
+            details = [
+                {
+                    "field": ".".join(["data", *(str(p) for p in e.absolute_path)]),
+                    "message": e.message,
+                }
+                for e in errors
+            ]
+            raise InvalidParams(
+                details[0]["message"], field=details[0]["field"], details={"errors": details}
+            )
+    if body.step_id is not None:
+        step = await session.get(Step, body.step_id)
+        if step is None or step.run_id != run_id:
+            raise InvalidParams("no step with this id in the run", field="step_id")
+    fact = Fact(
+        fact_id=clock.new_id("fact"),
+        run_id=run_id,
+        type=body.type,
+        schema_uri=body.schema_uri,
+        data=data,
+        emitted_by_step=body.step_id,
+        created_at=clock.now(),
+    )
+    session.add(fact)
+    await session.flush()
+    await tx.append_events(
+        [
+            make_event(
+                run_id,
+                None,
+                None,
+                "fact",
+                {
+                    "fact_id": fact.fact_id,
+                    "fact_type": fact.type,
+                    "data": data,
+                    "schema_uri": fact.schema_uri,
+                    "emitted_by_step": fact.emitted_by_step,
+                },
+            )
+        ]
+    )
+    return fact
+
+
+async def list_facts(
+    session: AsyncSession, *, run_id: str, fact_type: str | None, after: str | None, limit: int
+) -> Sequence[Fact]:
+    await get_run(session, run_id=run_id)
+    stmt = sa.select(Fact).where(Fact.run_id == run_id)
+    if fact_type is not None:
+        stmt = stmt.where(Fact.type == fact_type)
+    if after is not None:
+        anchor = (
+            await session.execute(
+                sa.select(Fact.id).where(Fact.fact_id == after, Fact.run_id == run_id)
+            )
+        ).scalar_one_or_none()
+        if anchor is None:
+            raise InvalidParams("no fact with this id in the run", field="query.after")
+        stmt = stmt.where(Fact.id > anchor)
+    return (await session.execute(stmt.order_by(Fact.id).limit(limit))).scalars().all()
+
+
+async def create_checkpoint(
+    session: AsyncSession, *, run_id: str, body: CheckpointCreate
+) -> Checkpoint:
+    await get_run(session, run_id=run_id)
+    if body.step_id is not None:
+        step = await session.get(Step, body.step_id)
+        if step is None or step.run_id != run_id:
+            raise InvalidParams("no step with this id in the run", field="step_id")
+    state = normalize(body.state, "state")
+    cp = Checkpoint(
+        checkpoint_id=clock.new_id("ckpt"),
+        run_id=run_id,
+        step_id=body.step_id,
+        state=state,
+        state_hash=sha256_of(state),
+        created_at=clock.now(),
+    )
+    session.add(cp)
+    await session.flush()
+    return cp
+
+
+async def list_checkpoints(session: AsyncSession, *, run_id: str) -> Sequence[Checkpoint]:
+    if await session.get(Run, run_id) is None:
+        raise NotFound("run", run_id)
+    return (
+        (
+            await session.execute(
+                sa.select(Checkpoint)
+                .where(Checkpoint.run_id == run_id)
+                .order_by(Checkpoint.checkpoint_id)
+            )
+        )
+        .scalars()
+        .all()
+    )

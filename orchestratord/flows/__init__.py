@@ -1,0 +1,1 @@
+"""Flows: content-addressed agent programs (routes and service)."""

@@ -1,0 +1,50 @@
+from __future__ import annotations
+
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from contracts.flows import FlowCreate
+from orchestrator_core import clock
+from orchestrator_core.errors import NotFound
+from orchestrator_core.flows import normalize_flow
+from orchestratord.db.models import Flow
+
+
+async def create_flow(session: AsyncSession, *, body: FlowCreate) -> tuple[Flow, bool]:
+    """Store a flow by content; the same content returns the stored flow (created=False)."""
+    content = normalize_flow(
+        ast=body.ast,
+        # unset optional executor fields are not content: adding one keeps old flow ids
+        tools=[t.model_dump(mode="json", exclude_none=True) for t in body.tools],
+        config=body.config,
+    )
+    existing = await session.get(Flow, content.flow_id)
+    if existing is not None:
+        return existing, False
+    flow = Flow(
+        flow_id=content.flow_id,
+        hash=content.hash,
+        ast=content.ast,
+        tools=content.tools,
+        config=content.config,
+        labels=body.labels,
+        created_at=clock.now(),
+    )
+    session.add(flow)
+    await session.flush()
+    return flow, True
+
+
+async def get_flow(session: AsyncSession, *, flow_id: str) -> Flow:
+    flow = await session.get(Flow, flow_id)
+    if flow is None:
+        raise NotFound("flow", flow_id)
+    return flow
+
+
+async def get_flow_by_hash(session: AsyncSession, *, content_hash: str) -> Flow:
+    wanted = content_hash if content_hash.startswith("sha256:") else f"sha256:{content_hash}"
+    flow = (await session.execute(sa.select(Flow).where(Flow.hash == wanted))).scalar_one_or_none()
+    if flow is None:
+        raise NotFound("flow", content_hash)
+    return flow

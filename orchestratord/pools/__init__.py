@@ -1,0 +1,1 @@
+"""Pools of engine replicas: the registry (health, slots, identity), the pools file, routes."""

@@ -1,0 +1,241 @@
+"""Pools of engine replicas at run time: adapters, slot accounting, health and load."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from contracts.records import PoolOut, ReplicaOut
+from orchestrator_core.errors import NotFound
+from orchestrator_core.generation import LlmInput
+from orchestrator_core.placement import PoolView
+from orchestrator_core.replay import EngineIdentity
+from orchestratord.engine_requests import generation_request
+from orchestratord.pools.config import PoolSpec, ReplicaSpec
+from orchestratord.settings import Settings
+from worker_adapters import Health, WorkerAdapter
+from worker_adapters.sim import SimAdapter
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Replica:
+    replica_id: str
+    adapter: WorkerAdapter
+    slots: int
+    url: str | None = None
+    model: str | None = None
+    busy: int = 0
+    health: Health = field(default_factory=lambda: Health(live=True, ready=True))
+    capabilities: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def free(self) -> int:
+        return max(0, self.slots - self.busy) if self.health.ready else 0
+
+
+@dataclass
+class Pool:
+    pool_id: str
+    engine: str
+    tags: dict[str, str]
+    replicas: list[Replica]
+    capabilities: dict[str, Any] = field(default_factory=dict)
+    queued: int = 0
+
+    @property
+    def ready(self) -> bool:
+        return any(r.health.ready for r in self.replicas)
+
+    @property
+    def free_slots(self) -> int:
+        return sum(r.free for r in self.replicas)
+
+    @property
+    def model_name(self) -> str:
+        """The model the pool serves, as its engine reports it (what prices are keyed by)."""
+        return str(self.capabilities.get("model") or self.replicas[0].model or self.engine)
+
+    def count_prompt_tokens(self, llm: LlmInput) -> int:
+        """Prompt tokens by the engine's tokenizer; else UTF-8 bytes, an upper bound."""
+        request = generation_request(llm, request_id="count", seed=0, max_tokens=1)
+        for replica in self.replicas:
+            n = replica.adapter.count_tokens(request)
+            if n is not None:
+                return n
+        return len(request.rendered_prompt().encode())
+
+    def identity_of(self, replica: Replica) -> dict[str, Any]:
+        """The capabilities ``replica`` reported, else the pool's."""
+        return replica.capabilities or self.capabilities
+
+    def acquire(self, replica_id: str | None = None) -> Replica | None:
+        """Take a slot on the replica with most free slots (ties: smallest replica id), or
+        on ``replica_id`` only when the step is pinned to it."""
+        candidates = [r for r in self.replicas if r.free > 0 and replica_id in (None, r.replica_id)]
+        if not candidates:
+            return None
+        replica = min(candidates, key=lambda r: (-r.free, r.replica_id))
+        replica.busy += 1
+        return replica
+
+    def release(self, replica: Replica) -> None:
+        replica.busy = max(0, replica.busy - 1)
+
+    def replica(self, replica_id: str) -> Replica | None:
+        return next((r for r in self.replicas if r.replica_id == replica_id), None)
+
+    @property
+    def health_label(self) -> str:
+        if self.ready:
+            return "ready"
+        if any(r.health.live for r in self.replicas):
+            return "live"
+        return "down"
+
+    def view(self, queued: int) -> PoolOut:
+        self.queued = queued
+        return PoolOut(
+            pool_id=self.pool_id,
+            engine=self.engine,
+            tags=self.tags,
+            capabilities=self.capabilities,
+            health=self.health_label,
+            load=self.load(),
+            replicas=[
+                ReplicaOut(
+                    replica_id=r.replica_id,
+                    url=r.url,
+                    model=r.model,
+                    slots=r.slots,
+                    busy=r.busy,
+                    free=r.free,
+                    health={
+                        "live": r.health.live,
+                        "ready": r.health.ready,
+                        "detail": r.health.detail,
+                    },
+                )
+                for r in self.replicas
+            ],
+        )
+
+    def load(self) -> dict[str, int]:
+        busy = sum(r.busy for r in self.replicas)
+        total = sum(r.slots for r in self.replicas)
+        return {"slots_busy": busy, "slots_free": max(0, total - busy), "queue_depth": self.queued}
+
+
+class PoolRegistry:
+    def __init__(self, pools: list[Pool]) -> None:
+        self.pools = {p.pool_id: p for p in pools}
+
+    def get(self, pool_id: str) -> Pool | None:
+        return self.pools.get(pool_id)
+
+    def require(self, pool_id: str) -> Pool:
+        pool = self.pools.get(pool_id)
+        if pool is None:
+            raise NotFound("pool", pool_id)
+        return pool
+
+    def views(self) -> list[PoolView]:
+        return [
+            PoolView(pool_id=p.pool_id, tags=p.tags, ready=p.ready, free_slots=p.free_slots)
+            for p in self.pools.values()
+        ]
+
+    async def refresh(self) -> None:
+        """Ask every replica for health, and every pool for its capabilities."""
+        for pool in self.pools.values():
+            for replica in pool.replicas:
+                try:
+                    await replica.adapter.start()
+                    replica.health = await replica.adapter.health()
+                except Exception as exc:
+                    replica.health = Health(live=False, ready=False, detail=str(exc))
+            for replica in pool.replicas:  # each replica reports the build it runs
+                try:
+                    replica.capabilities = (await replica.adapter.capabilities()).as_dict()
+                except Exception as exc:
+                    log.warning(
+                        "replica %s/%s: capabilities unavailable: %s",
+                        pool.pool_id,
+                        replica.replica_id,
+                        exc,
+                    )
+            if pool.replicas and pool.replicas[0].capabilities:
+                pool.capabilities = pool.replicas[0].capabilities
+
+    def identities(self) -> dict[tuple[str, str], EngineIdentity]:
+        """What each replica runs, as provenance names it (for strict_replay's checks)."""
+        out = {}
+        for pool in self.pools.values():
+            for replica in pool.replicas:
+                caps = pool.identity_of(replica)
+                out[(pool.pool_id, replica.replica_id)] = EngineIdentity(
+                    engine=caps.get("engine", pool.engine),
+                    engine_version=caps.get("engine_version"),
+                    model_hash=caps.get("model_hash"),
+                )
+        return out
+
+    async def aclose(self) -> None:
+        await asyncio.gather(
+            *(r.adapter.aclose() for p in self.pools.values() for r in p.replicas),
+            return_exceptions=True,
+        )
+
+
+def build_adapter(engine: str, replica: ReplicaSpec, settings: Settings) -> WorkerAdapter:
+    if engine == "sim":
+        opts = {
+            "tokens_per_s": settings.sim.tokens_per_s,
+            "eos_probability": settings.sim.eos_probability,
+            **replica.options,
+        }
+        return SimAdapter(model=replica.model or "sim-1", **opts)
+    if engine == "llama":
+        from worker_adapters.llama import LlamaAdapter
+
+        return LlamaAdapter(
+            model_path=replica.options.get("model_path") or settings.llama_model_path,
+            n_ctx=int(replica.options.get("n_ctx", 4096)),
+            n_threads=replica.options.get("n_threads"),
+            model=replica.model,
+        )
+    if engine == "openai":
+        from worker_adapters.openai import OpenAIAdapter
+
+        assert replica.url is not None  # the pools file validation requires it
+        return OpenAIAdapter(
+            base_url=replica.url,
+            model=replica.model,
+            api_key=replica.options.get("api_key"),
+            model_hash=replica.options.get("model_hash"),
+            connect_timeout_s=float(replica.options.get("connect_timeout_s", 5.0)),
+            read_timeout_s=float(replica.options.get("read_timeout_s", 60.0)),
+        )
+    raise ValueError(f"engine kind {engine!r} is not available in this build")
+
+
+def build_registry(specs: list[PoolSpec], settings: Settings) -> PoolRegistry:
+    pools = []
+    for spec in specs:
+        replicas = [
+            Replica(
+                replica_id=r.replica_id,
+                adapter=build_adapter(spec.engine, r, settings),
+                slots=r.slots,
+                url=r.url,
+                model=r.model,
+            )
+            for r in spec.replicas
+        ]
+        pools.append(
+            Pool(pool_id=spec.pool_id, engine=spec.engine, tags=spec.tags, replicas=replicas)
+        )
+    return PoolRegistry(pools)

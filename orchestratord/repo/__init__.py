@@ -1,1 +1,0 @@
-"""Repository functions: one per use case, each taking a transaction and keyword ids."""

@@ -1,0 +1,1 @@
+"""Runs: creation, views, cancel, the budget ledger, export and import."""

@@ -1,0 +1,77 @@
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, Response
+
+from contracts.replay import ReplayReport
+from contracts.runs import CancelOut, RunCreate, RunOut
+from contracts.steps import StepOut
+from orchestrator_core.errors import InvalidParams
+from orchestratord.api.budget_headers import set_budget_headers
+from orchestratord.api.deps import orchestrator
+from orchestratord.replay.runs import replay_report
+from orchestratord.runs import service as repo
+from orchestratord.runtime import Orchestrator
+from orchestratord.steps.queries import list_steps, step_view
+
+router = APIRouter(tags=["runs"])
+
+
+@router.post("/v1/flows/{flow_id}/runs", status_code=201, response_model=RunOut)
+async def create_run(
+    flow_id: str, body: RunCreate, response: Response, orch: Orchestrator = Depends(orchestrator)
+) -> RunOut:
+    async with orch.tx() as tx:
+        run = await repo.create_run(
+            tx.session,
+            flow_id=flow_id,
+            body=body,
+            pools=orch.pools.views(),
+            identities=orch.pools.identities(),
+            prices=orch.prices,
+            price_table=orch.settings.price_table,
+        )
+        set_budget_headers(response, run)
+        return RunOut.model_validate(repo.run_view(run))
+
+
+@router.get("/v1/runs/{run_id}", response_model=RunOut)
+async def get_run(
+    run_id: str, response: Response, orch: Orchestrator = Depends(orchestrator)
+) -> RunOut:
+    async with orch.db.read() as session:
+        run = await repo.get_run(session, run_id=run_id)
+        set_budget_headers(response, run)
+        return RunOut.model_validate(repo.run_view(run))
+
+
+@router.post("/v1/runs/{run_id}/cancel", status_code=202, response_model=CancelOut)
+async def cancel_run(run_id: str, orch: Orchestrator = Depends(orchestrator)) -> CancelOut:
+    async with orch.tx() as tx:
+        status, running = await repo.cancel_run(tx, run_id=run_id)
+    for step_id in running:
+        orch.dispatcher.cancel(step_id)
+    return CancelOut(status=status)
+
+
+@router.get("/v1/runs/{run_id}/steps", response_model=list[StepOut])
+async def get_run_steps(run_id: str, orch: Orchestrator = Depends(orchestrator)) -> list[StepOut]:
+    """The run's steps in submission order (``position``)."""
+    async with orch.db.read() as session:
+        await repo.get_run(session, run_id=run_id)
+        steps = await list_steps(session, run_id=run_id)
+        return [StepOut.model_validate(step_view(s)) for s in steps]
+
+
+@router.get("/v1/runs/{run_id}/replay-report", response_model=ReplayReport)
+async def get_replay_report(
+    run_id: str, orch: Orchestrator = Depends(orchestrator)
+) -> ReplayReport:
+    """How a replay run compares with its recorded run, step by step."""
+    async with orch.db.read() as session:
+        run = await repo.get_run(session, run_id=run_id)
+        if run.mode == "record":
+            raise InvalidParams(
+                "a record run has no replay report; ask for the report of a replay run",
+                field="run_id",
+            )
+        return ReplayReport.model_validate(await replay_report(session, run))

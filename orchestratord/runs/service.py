@@ -1,0 +1,187 @@
+from __future__ import annotations
+
+import secrets
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from contracts.common import placement_to_json
+from contracts.runs import RunCreate
+from orchestrator_core import clock
+from orchestrator_core.errors import InvalidParams, NotFound
+from orchestrator_core.lifecycle import RunStatus, StepStatus, check_run_transition
+from orchestrator_core.placement import PoolView, validate_placement
+from orchestrator_core.policy import RulePolicy
+from orchestrator_core.replay import EngineIdentity
+from orchestratord.db.models import Run, Step
+from orchestratord.flows.service import get_flow
+from orchestratord.prices import PriceBook
+from orchestratord.replay.runs import check_strict, inherited
+from orchestratord.steps.transition import end_unstarted
+from orchestratord.tx import Tx
+
+# Seeds the server picks fit in 32 bits, which every engine accepts.
+_SERVER_SEED_BOUND = 2**32
+
+
+async def create_run(
+    session: AsyncSession,
+    *,
+    flow_id: str,
+    body: RunCreate,
+    pools: list[PoolView],
+    identities: dict[tuple[str, str], EngineIdentity],
+    prices: PriceBook,
+    price_table: str | None,
+) -> Run:
+    await get_flow(session, flow_id=flow_id)
+    if body.mode == "record" and body.source_run_id is not None:
+        raise InvalidParams(
+            "only replay and strict_replay runs have a source run", field="source_run_id"
+        )
+    if body.mode != "record" and body.source_run_id is None:
+        raise InvalidParams(f"required when mode is {body.mode!r}", field="source_run_id")
+    source: Run | None = None
+    if body.source_run_id is not None:
+        source = await session.get(Run, body.source_run_id)
+        if source is None:
+            raise InvalidParams("no run with this id", field="source_run_id")
+    if body.mode == "record":
+        seed = body.seed if body.seed is not None else secrets.randbelow(_SERVER_SEED_BOUND)
+        policy = body.policy.model_dump(exclude_none=True)
+        budgets = body.budgets.model_dump()
+        pool_policy = placement_to_json(body.pool_policy)
+        validate_placement(pool_policy, pools, field="pool_policy")
+        fs_policy = body.fs_policy.model_dump()
+        price_version = (prices.get(price_table) if price_table else prices.latest()).version
+    else:
+        assert source is not None  # RunCreate requires it for the replay modes
+        replay = inherited(body, source)
+        if body.mode == "strict_replay":
+            await check_strict(
+                session, flow_id=flow_id, source=source, settings=replay, identities=identities
+            )
+        seed, policy, budgets = replay.seed, replay.policy, replay.budgets
+        pool_policy, fs_policy = replay.pool_policy, replay.fs_policy
+        price_version = replay.price_table
+        if body.mode == "strict_replay":  # it runs engines again, at the recorded prices
+            try:
+                prices.get(price_version)
+            except NotFound:
+                raise InvalidParams(
+                    f"the recorded run's price table {price_version!r} is not installed here",
+                    field="source_run_id",
+                ) from None
+    evaluator = RulePolicy.from_policy(policy, field="policy")
+    now = clock.now()
+    run = Run(
+        run_id=clock.new_id("run"),
+        flow_id=flow_id,
+        mode=body.mode,
+        seed=seed,
+        source_run_id=body.source_run_id,
+        status=RunStatus.RUNNING.value,
+        budgets=budgets,
+        policy=policy,
+        policy_hash=evaluator.policy_hash,
+        price_table=price_version,
+        tokens_in_reserved=0,
+        tokens_out_reserved=0,
+        cost_reserved_usd=0.0,
+        pool_policy=pool_policy,
+        fs_policy=fs_policy,
+        cancel_on_disconnect=body.cancel_on_disconnect,
+        tokens_in_used=0,
+        tokens_out_used=0,
+        cost_used_usd=0.0,
+        step_count=0,
+        event_seq=0,
+        created_at=now,
+        updated_at=now,
+    )
+    session.add(run)
+    await session.flush()
+    return run
+
+
+async def get_run(session: AsyncSession, *, run_id: str, lock: bool = False) -> Run:
+    stmt = sa.select(Run).where(Run.run_id == run_id)
+    if lock:
+        stmt = stmt.with_for_update(key_share=True)
+    run = (await session.execute(stmt)).scalar_one_or_none()
+    if run is None:
+        raise NotFound("run", run_id)
+    return run
+
+
+def run_view(run: Run) -> dict[str, Any]:
+    return {
+        **{
+            c: getattr(run, c)
+            for c in (
+                "run_id",
+                "flow_id",
+                "mode",
+                "seed",
+                "source_run_id",
+                "status",
+                "budgets",
+                "policy",
+                "pool_policy",
+                "fs_policy",
+                "price_table",
+                "policy_hash",
+                "cancel_on_disconnect",
+                "step_count",
+                "created_at",
+                "updated_at",
+            )
+        },
+        "usage": {
+            "tokens_in": run.tokens_in_used,
+            "tokens_out": run.tokens_out_used,
+            "cost_usd": run.cost_used_usd,
+        },
+        "reserved": {
+            "tokens_in": run.tokens_in_reserved,
+            "tokens_out": run.tokens_out_reserved,
+            "cost_usd": run.cost_reserved_usd,
+        },
+    }
+
+
+async def cancel_run(tx: Tx, *, run_id: str) -> tuple[str, list[str]]:
+    """Cancel queued steps now, ask running ones to stop; returns (status, running step ids)."""
+    session = tx.session
+    run = await get_run(session, run_id=run_id, lock=True)
+    status = RunStatus(run.status)
+    if status.terminal or status is RunStatus.CANCELLING:
+        return run.status, []
+    steps = (
+        (
+            await session.execute(
+                sa.select(Step)
+                .where(
+                    Step.run_id == run_id,
+                    Step.status.in_([StepStatus.QUEUED.value, StepStatus.RUNNING.value]),
+                )
+                .order_by(Step.step_id)
+                .with_for_update(key_share=True)
+            )
+        )
+        .scalars()
+        .all()
+    )
+    running: list[str] = []
+    for step in steps:
+        if step.status == StepStatus.QUEUED.value:
+            await end_unstarted(tx, step=step, status=StepStatus.CANCELLED)
+        else:
+            step.cancel_requested = True
+            running.append(step.step_id)
+    target = RunStatus.CANCELLING if running else RunStatus.CANCELLED
+    check_run_transition(status, target)
+    run.status = target.value
+    run.updated_at = clock.now()
+    return run.status, running

@@ -1,0 +1,416 @@
+"""``llm_call``: a prompt (or messages) sent to an engine replica, streamed token by token.
+
+In a strict_replay run the stream is compared with the recorded step's as it arrives: the
+first token that differs is not streamed, and the step ends with ``REPLAY_DIVERGED`` and the
+divergence report. A record that stopped for timing (a cancel, a deadline) is reproduced up
+to the same token and ends with the same reason.
+
+The step is stopped early, with ``stop_reason: "budget"``, when it reaches the deadline its
+wall and cost budgets allow, or when its ``max_tokens`` was clamped by the budget and it
+reaches that clamp. Redact rules of the run's policy apply to the tokens before they are
+stored or streamed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from pydantic import BaseModel
+
+from contracts.events import EndEvent, ErrorEvent, Provenance, StartedEvent, TokenEvent
+from contracts.steps import LlmCallInput
+from orchestrator_core import clock
+from orchestrator_core.breakers import CircuitBreaker
+from orchestrator_core.errors import CircuitOpen
+from orchestrator_core.generation import LlmInput, llm_input_of
+from orchestrator_core.lifecycle import StepStatus
+from orchestrator_core.policy import PolicySubject, StreamRedactor
+from orchestrator_core.replay import ReplayDiverged, StepKey, StreamComparator
+from orchestratord.db.models import Flow
+from orchestratord.engine_requests import generation_request
+from orchestratord.policies import policy_of
+from orchestratord.replay.steps import load_recorded_stream
+from orchestratord.steps.ending import Ending
+from orchestratord.steps.kinds.base import StepContext
+from worker_adapters import AdapterError, EngineUnavailable, Finish, Token
+
+log = logging.getLogger("orchestratord.steps")
+
+
+class _ReplayStop(Exception):
+    """Raised from the token path of a strict_replay step: ``diverged`` or ``cap``."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class _Usage:
+    tokens_in: int
+    tokens_out: int
+    cost_usd: float
+
+
+@dataclass
+class _Progress:
+    parts: list[str] = field(default_factory=list)
+    token_ids: list[int | None] = field(default_factory=list)
+    finish: Finish | None = None
+
+
+class LlmCall:
+    step_type: ClassVar[str] = "llm_call"
+    input_model: ClassVar[type[BaseModel]] = LlmCallInput
+    engine: ClassVar[bool] = True
+
+    def normalize(self, parsed: Any, *, flow: Flow, field: str) -> dict[str, Any]:
+        dumped: dict[str, Any] = parsed.model_dump(mode="json", exclude_none=True)
+        return dumped
+
+    def subject(
+        self, stored: dict[str, Any], *, model: str | None, pool: str | None
+    ) -> PolicySubject:
+        return PolicySubject(step_type=self.step_type, model=model, pool=pool)
+
+    def llm_input(self, stored: dict[str, Any]) -> LlmInput:
+        return llm_input_of(stored)
+
+    def replay_key(self, stored: dict[str, Any], seed: int) -> StepKey:
+        llm = self.llm_input(stored)
+        return StepKey(
+            type=self.step_type,
+            prompt_hash=llm.prompt_hash,
+            params_hash=llm.params_hash,
+            model=llm.model,
+            seed=seed,
+        )
+
+    def after_stream(
+        self, ctx: StepContext, stored: dict[str, Any], text: str, stop_reason: str
+    ) -> dict[str, Any]:
+        """Body events and output fields that follow a completed stream (none for a call)."""
+        return {}
+
+    async def execute(self, ctx: StepContext) -> Ending:
+        return await _LlmRun(self, ctx).run()
+
+
+class _LlmRun:
+    """One engine request for one step, from ``started`` to its ending."""
+
+    def __init__(self, kind: LlmCall, ctx: StepContext) -> None:
+        assert ctx.pool is not None and ctx.replica is not None and ctx.price is not None
+        self.kind = kind
+        self.ctx = ctx
+        self.pool = ctx.pool
+        self.replica = ctx.replica
+        self.price = ctx.price
+        self.breaker: CircuitBreaker = ctx.services.engine_breakers.get(
+            f"replica:{self.pool.pool_id}/{self.replica.replica_id}"
+        )
+
+    async def run(self) -> Ending:
+        ctx, step, run, replica = self.ctx, self.ctx.step, self.ctx.run, self.replica
+        caps = self.pool.identity_of(replica)
+        inp = step.input
+        llm = self.kind.llm_input(inp)
+        model = inp.get("model") or self.pool.model_name
+        determinism = {
+            "seed": run.seed,
+            "prompt_hash": llm.prompt_hash,
+            "params_hash": llm.params_hash,
+            "engine": caps.get("engine", self.pool.engine),
+            "engine_version": caps.get("engine_version"),
+            "model_hash": caps.get("model_hash"),
+            "pool_id": self.pool.pool_id,
+            "replica_id": replica.replica_id,
+            "model": model,
+        }
+        comparator = (
+            StreamComparator(await load_recorded_stream(ctx.db, step.replay_of))
+            if step.replay_of is not None
+            else None
+        )
+        ctx.emit(
+            StartedEvent(
+                **determinism,
+                policy_hash=run.policy_hash,
+                price_table=run.price_table,
+                replay_of=step.replay_of,
+            )
+        )
+        granted = step.max_tokens_granted or llm.params.max_tokens
+        request = generation_request(
+            llm, request_id=step.step_id, seed=run.seed, max_tokens=granted
+        )
+        decision = policy_of(run).evaluate(
+            PolicySubject(step_type=step.type, model=model, pool=self.pool.pool_id)
+        )
+        redactor = StreamRedactor(decision.patterns) if decision.patterns else None
+        progress = _Progress()
+        started = clock.clock.monotonic()
+        error: AdapterError | CircuitOpen | None = None
+        replay_stop: str | None = None
+        stopped = False
+        try:
+            permit = self.breaker.before_call()
+        except CircuitOpen as exc:
+            error = exc
+            permit = None
+        if permit is not None:
+            if permit.transition is not None:
+                ctx.emit_escalation(permit.transition)
+            stopped, error, replay_stop = await self._stream(
+                request, progress, redactor, comparator
+            )
+            # only a replica's own trouble counts (5xx, timeouts, a dead connection): a
+            # request it refused (4xx) says nothing about its health
+            if isinstance(error, AdapterError) and error.retriable and not stopped:
+                transition = permit.failure(error.message)
+            else:
+                transition = permit.success()
+            if transition is not None:
+                ctx.emit_escalation(transition)
+        decode_s = clock.clock.monotonic() - started
+        if step.decode_seconds_granted is not None:
+            decode_s = min(decode_s, step.decode_seconds_granted)  # stopped there: no more paid
+        finish = progress.finish
+        tokens_out = len(progress.parts)
+        tokens_in = finish.tokens_in if finish else 0
+        cost = self.price.cost(tokens_in, tokens_out, decode_s)
+        provenance = {
+            **determinism,
+            "tokens_in": tokens_in,
+            "tokens_out": tokens_out,
+            "cost_usd": cost,
+            "decode_time_ms": round(decode_s * 1000, 3),
+            "price_table": run.price_table,
+            "policy_hash": run.policy_hash,
+        }
+        text = "".join(progress.parts)
+        output = {"text": text, "token_ids": progress.token_ids}
+        usage = _Usage(tokens_in, tokens_out, cost)
+        if error is not None and not stopped:
+            if isinstance(error, CircuitOpen):
+                body = {**error.body(), "correlation_id": None, "provenance": provenance}
+            else:
+                code = (
+                    "POOL_UNAVAILABLE" if isinstance(error, EngineUnavailable) else "ENGINE_ERROR"
+                )
+                body = {
+                    "code": code,
+                    "message": error.message,
+                    "retriable": error.retriable,
+                    "retry_after_ms": None,
+                    "details": {
+                        "pool_id": self.pool.pool_id,
+                        "replica_id": replica.replica_id,
+                        "tokens_out": tokens_out,
+                    },
+                    "correlation_id": None,
+                    "provenance": provenance,
+                }
+            if comparator is not None and comparator.finish(None, body["code"]) is not None:
+                return self._diverged(comparator, output, usage, provenance)
+            return _error(body, output, usage, provenance, "identical" if comparator else None)
+        if replay_stop == "diverged":
+            assert comparator is not None
+            return self._diverged(comparator, output, usage, provenance)
+        outcome = None
+        if replay_stop == "cap":
+            assert comparator is not None
+            stop_reason = comparator.recorded.stop_reason or "cancelled"
+            outcome = "identical"
+        elif stopped:
+            stop_reason = "budget" if ctx.budget_stop else "cancelled"
+            if comparator is not None and ctx.budget_stop:
+                if comparator.finish(stop_reason) is not None:  # the record went on
+                    return self._diverged(comparator, output, usage, provenance)
+                outcome = "identical"
+            elif comparator is not None:
+                outcome = "cancelled"  # asked to stop: nothing to compare
+        else:
+            stop_reason = finish.stop_reason if finish else "eos"
+            if stop_reason == "length" and step.budget_clamped and tokens_out >= granted:
+                stop_reason = "budget"
+            if comparator is not None:
+                if comparator.finish(stop_reason) is not None:
+                    return self._diverged(comparator, output, usage, provenance)
+                outcome = "identical"
+        if stop_reason != "cancelled":
+            output.update(self.kind.after_stream(ctx, inp, text, stop_reason))
+        status = StepStatus.CANCELLED if stop_reason == "cancelled" else StepStatus.SUCCEEDED
+        log.info(
+            "step ended",
+            extra={
+                "step_id": step.step_id,
+                "run_id": step.run_id,
+                "stop_reason": stop_reason,
+                "provenance": provenance,
+            },
+        )
+        return Ending(
+            status=status,
+            event=EndEvent(
+                stop_reason=stop_reason,
+                tokens_in=tokens_in,
+                tokens_out=tokens_out,
+                provenance=Provenance(**provenance),
+            ),
+            output={**output, "stop_reason": stop_reason},
+            tokens_in=tokens_in,
+            tokens_out=tokens_out,
+            cost_usd=cost,
+            provenance=provenance,
+            replay_outcome=outcome,
+        )
+
+    async def _stream(
+        self,
+        request: Any,
+        progress: _Progress,
+        redactor: StreamRedactor | None,
+        comparator: StreamComparator | None,
+    ) -> tuple[bool, AdapterError | None, str | None]:
+        """Stream the engine's tokens into the log until it ends or the step must stop.
+
+        Returns (stopped, adapter error, replay stop reason)."""
+        replica = self.replica
+        error: AdapterError | None = None
+        replay_stop: str | None = None
+        stopped = False
+        gen = replica.adapter.stream(request)
+        consume = asyncio.create_task(self._consume(gen, progress, redactor, comparator))
+        waiter = asyncio.create_task(self.ctx.stop.wait())
+        try:
+            done, _ = await asyncio.wait({consume, waiter}, return_when=asyncio.FIRST_COMPLETED)
+            if consume in done:
+                try:
+                    consume.result()
+                except AdapterError as exc:
+                    error = exc
+                except _ReplayStop as stop:
+                    replay_stop = stop.reason
+                    with contextlib.suppress(AdapterError):
+                        await replica.adapter.cancel(request.request_id)
+            else:
+                stopped = True
+                consume.cancel()
+                with contextlib.suppress(asyncio.CancelledError, AdapterError, _ReplayStop):
+                    await consume
+                with contextlib.suppress(AdapterError):
+                    await replica.adapter.cancel(request.request_id)
+        finally:
+            waiter.cancel()
+            with contextlib.suppress(Exception):
+                await gen.aclose()  # type: ignore[attr-defined]
+        return stopped, error, replay_stop
+
+    def _diverged(
+        self,
+        comparator: StreamComparator,
+        output: dict[str, Any],
+        usage: _Usage,
+        provenance: dict[str, Any],
+    ) -> Ending:
+        """End a strict_replay step at its first difference from the record."""
+        step = self.ctx.step
+        divergence = comparator.divergence
+        assert divergence is not None
+        report = {
+            "step_id": step.step_id,
+            "recorded_step_id": step.replay_of,
+            "position": step.position,
+            **divergence.as_dict(),
+        }
+        error = ReplayDiverged(
+            f"strict replay diverged from step {step.replay_of} at {divergence.describe()}",
+            details={
+                "divergence": report,
+                "pool_id": self.pool.pool_id,
+                "replica_id": self.replica.replica_id,
+                "tokens_out": provenance["tokens_out"],
+            },
+        )
+        body = {**error.body(), "correlation_id": None, "provenance": provenance}
+        log.warning(
+            "strict replay diverged",
+            extra={"step_id": step.step_id, "run_id": step.run_id, "divergence": report},
+        )
+        return _error(body, output, usage, provenance, "diverged")
+
+    async def _consume(
+        self,
+        gen: Any,
+        progress: _Progress,
+        redactor: StreamRedactor | None,
+        comparator: StreamComparator | None,
+    ) -> None:
+        steplog = self.ctx.log
+        writer = self.ctx.log.writer
+        held: deque[Token] = deque()
+
+        def emit(token: Token, text: str) -> None:
+            if comparator is not None:
+                if comparator.at_cap:
+                    raise _ReplayStop("cap")
+                if comparator.push(text, token.token_id, token.logprob) is not None:
+                    raise _ReplayStop("diverged")
+            if token.logprob is None:
+                steplog.token_nowait(len(progress.parts), text, token.token_id)
+            else:
+                steplog.emit(
+                    TokenEvent(
+                        i=len(progress.parts),
+                        t=text,
+                        token_id=token.token_id,
+                        logprob=token.logprob,
+                    )
+                )
+            progress.parts.append(text)
+            progress.token_ids.append(token.token_id)
+            if comparator is not None and comparator.at_cap:
+                raise _ReplayStop("cap")
+
+        async for item in gen:
+            if isinstance(item, Token):
+                if redactor is None:
+                    emit(item, item.text)
+                else:
+                    held.append(item)
+                    for text in redactor.push(item.text):
+                        emit(held.popleft(), text)
+                if writer.over_limit:
+                    await writer.wait_drained()
+            elif isinstance(item, Finish):
+                if redactor is not None:
+                    for text in redactor.flush():
+                        emit(held.popleft(), text)
+                progress.finish = item
+                return
+
+
+def _error(
+    body: dict[str, Any],
+    output: dict[str, Any],
+    usage: _Usage,
+    provenance: dict[str, Any],
+    outcome: str | None,
+) -> Ending:
+    return Ending(
+        status=StepStatus.FAILED,
+        event=ErrorEvent(**body),
+        output={**output, "stop_reason": None},
+        tokens_in=usage.tokens_in,
+        tokens_out=usage.tokens_out,
+        cost_usd=usage.cost_usd,
+        provenance=provenance,
+        error=body,
+        replay_outcome=outcome,
+    )

@@ -1,0 +1,154 @@
+"""Reads of steps, and the dispatcher's claim."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from orchestrator_core.budgets import Ledger
+from orchestrator_core.errors import Conflict, NotFound
+from orchestrator_core.lifecycle import StepStatus
+from orchestratord.db.models import Run, Step
+
+
+async def by_token(session: AsyncSession, run_id: str, token: str) -> Step | None:
+    return (
+        await session.execute(
+            sa.select(Step).where(Step.run_id == run_id, Step.client_token == token)
+        )
+    ).scalar_one_or_none()
+
+
+def same_request(step: Step, request_hash: str) -> Step:
+    if step.request_hash != request_hash:
+        raise Conflict(
+            "client_token was already used in this run for a different request",
+            details={"client_token": step.client_token, "step_id": step.step_id},
+        )
+    return step
+
+
+async def get_step(session: AsyncSession, *, step_id: str, lock: bool = False) -> Step:
+    stmt = sa.select(Step).where(Step.step_id == step_id)
+    if lock:
+        stmt = stmt.with_for_update(key_share=True)
+    step = (await session.execute(stmt)).scalar_one_or_none()
+    if step is None:
+        raise NotFound("step", step_id)
+    return step
+
+
+async def list_steps(session: AsyncSession, *, run_id: str) -> list[Step]:
+    rows = await session.execute(
+        sa.select(Step).where(Step.run_id == run_id).order_by(Step.position)
+    )
+    return list(rows.scalars())
+
+
+def step_view(step: Step) -> dict[str, Any]:
+    status = step.status
+    if status == StepStatus.RUNNING.value and step.cancel_requested:
+        status = "cancelling"
+    return {
+        **{
+            c: getattr(step, c)
+            for c in (
+                "step_id",
+                "run_id",
+                "position",
+                "type",
+                "client_token",
+                "cancel_requested",
+                "input",
+                "budgets",
+                "placement",
+                "pool_id",
+                "replica_id",
+                "output",
+                "provenance",
+                "error",
+                "replay_of",
+                "replay_outcome",
+                "created_at",
+                "started_at",
+                "ended_at",
+            )
+        },
+        "status": status,
+        "priority": step.priority,
+        "usage": {
+            "tokens_in": step.tokens_in,
+            "tokens_out": step.tokens_out,
+            "cost_usd": step.cost_usd,
+        },
+        "reserved": {
+            "tokens_in": step.tokens_in_reserved,
+            "tokens_out": step.tokens_out_reserved,
+            "cost_usd": step.cost_reserved_usd,
+        },
+        "max_tokens_granted": step.max_tokens_granted,
+        "budget_clamped": step.budget_clamped,
+        "policy_decision": step.policy_decision,
+    }
+
+
+async def claim_queued(
+    session: AsyncSession, *, pool_id: str | None, limit: int, full_replicas: Sequence[str] = ()
+) -> list[tuple[Step, Run]]:
+    """Lock up to ``limit`` queued steps of a pool (``None``: the steps that run in the
+    control plane): interactive before batch, FIFO within a priority (SKIP LOCKED on
+    PostgreSQL, so processes never claim the same step).
+
+    Steps pinned to a replica in ``full_replicas`` (strict_replay) are passed over, so they
+    wait for their replica without holding back steps that can run elsewhere."""
+    where = [
+        Step.status == StepStatus.QUEUED.value,
+        Step.pool_id.is_(None) if pool_id is None else Step.pool_id == pool_id,
+    ]
+    if full_replicas:
+        where.append(sa.or_(Step.replay_of.is_(None), Step.replica_id.not_in(list(full_replicas))))
+    rows = (
+        await session.execute(
+            sa.select(Step, Run)
+            .join(Run, Run.run_id == Step.run_id)
+            .where(*where)
+            .order_by(Step.priority_rank, Step.step_id)
+            .limit(limit)
+            .with_for_update(of=Step, skip_locked=True)
+        )
+    ).all()
+    return [(step, run) for step, run in rows]
+
+
+async def queued_counts(session: AsyncSession) -> dict[str, int]:
+    rows = (
+        await session.execute(
+            sa.select(Step.pool_id, sa.func.count())
+            .where(Step.status == StepStatus.QUEUED.value)
+            .group_by(Step.pool_id)
+        )
+    ).all()
+    return {str(pool): int(n) for pool, n in rows if pool is not None}
+
+
+async def cancel_requested_among(session: AsyncSession, *, step_ids: list[str]) -> list[str]:
+    if not step_ids:
+        return []
+    rows = await session.execute(
+        sa.select(Step.step_id).where(Step.step_id.in_(step_ids), Step.cancel_requested.is_(True))
+    )
+    return list(rows.scalars())
+
+
+def ledger_of(run: Run) -> Ledger:
+    return Ledger(
+        used_in=run.tokens_in_used,
+        used_out=run.tokens_out_used,
+        used_cost=run.cost_used_usd,
+        reserved_in=run.tokens_in_reserved,
+        reserved_out=run.tokens_out_reserved,
+        reserved_cost=run.cost_reserved_usd,
+    )

@@ -1,0 +1,53 @@
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, Response
+
+from contracts.runs import CancelOut
+from contracts.steps import AnyStepCreate, StepAccepted, StepCreate, StepOut
+from orchestratord.api.budget_headers import set_budget_headers
+from orchestratord.api.deps import orchestrator
+from orchestratord.db.models import Run
+from orchestratord.runs.service import get_run
+from orchestratord.runtime import Orchestrator
+from orchestratord.steps.kinds import kind_of
+from orchestratord.steps.queries import get_step as read_step
+from orchestratord.steps.queries import step_view
+from orchestratord.steps.submission import submit_step as submit
+
+router = APIRouter(tags=["steps"])
+
+
+@router.post("/v1/runs/{run_id}/steps", status_code=202, response_model=StepAccepted)
+async def submit_step(
+    run_id: str,
+    body: StepCreate,
+    response: Response,
+    orch: Orchestrator = Depends(orchestrator),
+) -> StepAccepted:
+    typed: AnyStepCreate = body
+    async with orch.tx() as tx:
+        done = await submit(tx, run_id=run_id, body=typed, ctx=orch.submit_context)
+        out = StepAccepted(step_id=done.step.step_id, status=step_view(done.step)["status"])
+        run = await tx.session.get(Run, run_id)
+        assert run is not None
+        set_budget_headers(response, run, done.ledger)
+    if done.created:
+        orch.dispatcher.wake(control=not kind_of(typed.type).engine)
+    else:
+        response.status_code = 200
+    return out
+
+
+@router.get("/v1/steps/{step_id}", response_model=StepOut)
+async def get_step(
+    step_id: str, response: Response, orch: Orchestrator = Depends(orchestrator)
+) -> StepOut:
+    async with orch.db.read() as session:
+        step = await read_step(session, step_id=step_id)
+        set_budget_headers(response, await get_run(session, run_id=step.run_id))
+        return StepOut.model_validate(step_view(step))
+
+
+@router.post("/v1/steps/{step_id}/cancel", status_code=202, response_model=CancelOut)
+async def cancel_step(step_id: str, orch: Orchestrator = Depends(orchestrator)) -> CancelOut:
+    return CancelOut(status=await orch.cancel_step(step_id))

@@ -1,0 +1,453 @@
+"""Submitting a step: small rules applied in order to one ``Submission``.
+
+Each rule reads what the rules before it resolved and either goes on (returns ``None``),
+answers (returns ``Submitted``: a repeated request, a replay step served from its record),
+or refuses by raising a domain error that the HTTP layer maps (422, 403, 409, 429, 503...).
+The rules never ask which kind of step they hold: they call the kind's protocol
+(``steps/kinds``). In order:
+
+    LoadRun -> ResolveKind -> Place -> Police -> MatchRecord -> Price -> Admit -> Insert
+
+In a replay run ``Place`` takes the run's row lock and matches the recorded step at the
+step's position; ``MatchRecord`` serves a step no engine runs again from the record (or
+ends it with ``REPLAY_MISS``) without price or admission.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import sqlalchemy as sa
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from contracts.common import placement_to_json
+from contracts.steps import AnyStepCreate
+from orchestrator_core import budgets, clock
+from orchestrator_core.admission import PRIORITY_RANK, AdmissionPolicy, admit, dropped_error
+from orchestrator_core.budgets import BudgetExceeded, Ledger, Limits, Reservation
+from orchestrator_core.canonical import sha256_of
+from orchestrator_core.errors import Conflict, NotFound, PoolUnavailable
+from orchestrator_core.generation import LlmInput
+from orchestrator_core.lifecycle import RunStatus, StepStatus, check_run_accepts_steps
+from orchestrator_core.placement import choose_pool
+from orchestrator_core.policy import Decision, PolicyDenied, PolicySubject, RulePolicy, redact_json
+from orchestrator_core.pricing import Price
+from orchestratord.db.models import Flow, Run, Step
+from orchestratord.policies import policy_of
+from orchestratord.pools.registry import Pool, PoolRegistry
+from orchestratord.prices import PriceBook
+from orchestratord.replay.steps import ReplayTarget, lock_run, replay_target, serve_recorded
+from orchestratord.runs.ledger import read_ledger, reserve
+from orchestratord.steps.kinds import kind_of
+from orchestratord.steps.kinds.base import StepKind
+from orchestratord.steps.queries import by_token, ledger_of, same_request
+from orchestratord.steps.transition import end_unstarted
+from orchestratord.tx import Tx
+
+policy_log = logging.getLogger("orchestratord.policy")
+
+
+@dataclass(frozen=True)
+class SubmitContext:
+    """What submission needs from the running service."""
+
+    pools: PoolRegistry
+    prices: PriceBook
+    admission: AdmissionPolicy
+    default_cancel_on_disconnect: bool
+
+
+@dataclass(frozen=True)
+class Submitted:
+    step: Step
+    created: bool
+    ledger: Ledger  # the run's account after this submission
+
+
+@dataclass
+class Submission:
+    """One submission as the rules resolve it."""
+
+    tx: Tx
+    ctx: SubmitContext
+    run_id: str
+    body: AnyStepCreate
+    request_hash: str = ""
+    run: Run = field(init=False)
+    kind: StepKind = field(init=False)
+    stored: dict[str, Any] = field(default_factory=dict)
+    placement: Any = None
+    pool_id: str | None = None
+    target: ReplayTarget | None = None
+    decision: Decision = field(init=False)
+    llm: LlmInput | None = None
+    price: Price | None = None
+    tokens_in: int = 0
+    verdict: str = "admit"
+
+    @property
+    def session(self) -> AsyncSession:
+        return self.tx.session
+
+    @property
+    def sqlite(self) -> bool:
+        return self.session.get_bind().dialect.name == "sqlite"
+
+    def repeat(self, step: Step) -> Submitted:
+        return Submitted(same_request(step, self.request_hash), False, ledger_of(self.run))
+
+
+class Rule(Protocol):
+    async def apply(self, sub: Submission) -> Submitted | None: ...
+
+
+class LoadRun:
+    """The run exists; a repeated ``client_token`` answers with the first step; the run
+    still takes steps."""
+
+    async def apply(self, sub: Submission) -> Submitted | None:
+        run = await sub.session.get(Run, sub.run_id)
+        if run is None:
+            raise NotFound("run", sub.run_id)
+        sub.run = run
+        body = sub.body
+        sub.request_hash = sha256_of(
+            {
+                **body.model_dump(mode="json", exclude={"client_token", "input"}),
+                "input": body.input.model_dump(mode="json", exclude_unset=True),
+            }
+        )
+        existing = await by_token(sub.session, sub.run_id, body.client_token)
+        if existing is not None:
+            return sub.repeat(existing)
+        check_run_accepts_steps(RunStatus(run.status))
+        return None
+
+
+class ResolveKind:
+    """The kind that serves the type (501 when none does), and the input it stores."""
+
+    async def apply(self, sub: Submission) -> Submitted | None:
+        sub.kind = kind = kind_of(sub.body.type)
+        assert isinstance(sub.body.input, kind.input_model)  # the union and the registry agree
+        flow = await sub.session.get(Flow, sub.run.flow_id)
+        assert flow is not None  # runs reference their flow
+        sub.stored = kind.normalize(sub.body.input, flow=flow, field="input")
+        sub.placement = placement_to_json(sub.body.placement)
+        return None
+
+
+class Place:
+    """Record runs: engine kinds go to a pool (placement, else the run's pool policy).
+    Replay runs: the step takes the next position under the run's lock, matched with the
+    recorded step there; it goes where that step ran."""
+
+    async def apply(self, sub: Submission) -> Submitted | None:
+        run = sub.run
+        if run.mode == "record":
+            if sub.kind.engine:
+                effective = sub.placement if sub.placement is not None else run.pool_policy
+                sub.pool_id = choose_pool(
+                    effective,
+                    sub.ctx.pools.views(),
+                    field="placement" if sub.placement else "pool_policy",
+                )
+            return None
+        if run.mode == "strict_replay" and not sub.sqlite:
+            # it may go through admission: take that lock first, as record submissions do
+            await admission_lock(sub.session, sub.body.priority)
+        sub.run = run = await lock_run(sub.session, sub.run_id)
+        existing = await by_token(sub.session, sub.run_id, sub.body.client_token)
+        if existing is not None:  # raced the lock
+            return sub.repeat(existing)
+        check_run_accepts_steps(RunStatus(run.status))  # it may have been cancelled meanwhile
+        sub.target = await replay_target(sub.session, run)
+        sub.pool_id = sub.target.pool_id
+        return None
+
+
+class Police:
+    """The run's policy decides (403 naming the rule); redact rules mask the stored input."""
+
+    async def apply(self, sub: Submission) -> Submitted | None:
+        pool = sub.ctx.pools.get(sub.pool_id) if sub.pool_id is not None else None
+        target = sub.target
+        model = sub.stored.get("model") or (
+            pool.model_name if pool is not None else target.model if target is not None else None
+        )
+        subject = sub.kind.subject(sub.stored, model=model, pool=sub.pool_id)
+        sub.decision = enforce_logged(sub.run_id, policy_of(sub.run), subject)
+        if sub.decision.patterns:
+            sub.stored = redact_json(sub.stored, sub.decision.patterns)
+        sub.llm = sub.kind.llm_input(sub.stored)
+        return None
+
+
+class MatchRecord:
+    """Replay runs: a step no engine runs again is served from the record, or ends with
+    ``REPLAY_MISS`` naming every input that differs."""
+
+    async def apply(self, sub: Submission) -> Submitted | None:
+        target = sub.target
+        if target is None:
+            return None
+        recorded = target.recorded
+        recorded_key = (
+            None
+            if recorded is None
+            else kind_of(recorded.type).replay_key(
+                recorded.input, int((recorded.provenance or {}).get("seed", target.source_seed))
+            )
+        )
+        target.compare(sub.kind.replay_key(sub.stored, sub.run.seed), recorded_key)
+        if target.executes(sub.run.mode, sub.ctx.pools, engine=sub.kind.engine):
+            return None
+        return await _submit_unexecuted(sub, target)
+
+
+class Quote:
+    """Engine kinds: the pool's price for the model, and the prompt's tokens by the engine's
+    tokenizer. A strict_replay step needs its recorded replica ready."""
+
+    async def apply(self, sub: Submission) -> Submitted | None:
+        if not sub.kind.engine:
+            return None
+        assert sub.pool_id is not None and sub.llm is not None
+        pool = sub.ctx.pools.require(sub.pool_id)
+        if sub.target is not None:
+            _require_ready_replica(pool, sub.target)
+        model = sub.stored.get("model") or pool.model_name
+        sub.price = sub.ctx.prices.get(sub.run.price_table).price_for(pool.engine, model)
+        sub.tokens_in = pool.count_prompt_tokens(sub.llm)
+        return None
+
+
+class Admit:
+    """Engine kinds wait in a bounded queue per priority (429, or drop the oldest)."""
+
+    async def apply(self, sub: Submission) -> Submitted | None:
+        if not sub.kind.engine:
+            return None
+        if not sub.sqlite:  # one admitter per priority at a time across processes
+            await admission_lock(sub.session, sub.body.priority)
+        queued = (
+            await sub.session.execute(
+                sa.select(sa.func.count())
+                .select_from(Step)
+                .where(Step.status == StepStatus.QUEUED.value, Step.priority == sub.body.priority)
+            )
+        ).scalar_one()
+        sub.verdict = admit(sub.ctx.admission, priority=sub.body.priority, queued=queued)
+        return None
+
+
+class Insert:
+    """Reserve the worst case against the run in one conditional UPDATE (limits re-checked
+    in the database, so concurrent submissions cannot overshoot), then insert the step."""
+
+    async def apply(self, sub: Submission) -> Submitted | None:
+        if sub.sqlite:  # writes are serialized: the token check above cannot be raced
+            step, ledger = await self._reserve_and_insert(sub)
+            return Submitted(step, True, ledger)
+        try:
+            async with sub.session.begin_nested():
+                step, ledger = await self._reserve_and_insert(sub)
+        except IntegrityError:
+            existing = await by_token(sub.session, sub.run_id, sub.body.client_token)
+            if existing is None:
+                raise
+            return sub.repeat(existing)
+        return Submitted(step, True, ledger)
+
+    def _plan(self, sub: Submission, ledger: Ledger) -> Reservation:
+        run = sub.run
+        run_limits = Limits.from_dict(run.budgets)
+        elapsed_ms = (clock.now() - run.created_at).total_seconds() * 1000
+        if not sub.kind.engine:
+            return budgets.plan_unmetered(run=run_limits, run_elapsed_ms=elapsed_ms)
+        assert sub.llm is not None and sub.price is not None
+        body = sub.body
+        return budgets.plan(
+            run=run_limits,
+            step=Limits.from_dict(body.budgets.model_dump() if body.budgets else None),
+            ledger=ledger,
+            tokens_in=sub.tokens_in,
+            max_tokens=sub.llm.params.max_tokens,
+            price=sub.price,
+            run_elapsed_ms=elapsed_ms,
+        )
+
+    async def _reserve_and_insert(self, sub: Submission) -> tuple[Step, Ledger]:
+        session, run_id = sub.session, sub.run_id
+        ledger = ledger_of(sub.run)  # current on SQLite (the write lock is ours); re-read if stale
+        run_limits = Limits.from_dict(sub.run.budgets)
+        for attempt in range(3):
+            try:
+                reservation = self._plan(sub, ledger)
+            except BudgetExceeded:
+                if attempt == 0 and not sub.sqlite:
+                    ledger = await read_ledger(session, run_id=run_id)
+                    continue
+                raise
+            taken = await reserve(
+                session, run_id=run_id, limits=run_limits, reservation=reservation
+            )
+            if taken is not None:
+                break
+            ledger = await read_ledger(session, run_id=run_id)
+        else:
+            raise Conflict("the run's budget kept changing while reserving; retry", retriable=True)
+        position, ledger_after = taken
+        if sub.verdict == "drop_oldest":
+            await _drop_oldest(sub.tx, sub.ctx.admission, sub.body.priority)
+        target = sub.target
+        if target is not None and position != target.position:
+            raise Conflict(
+                "the replay run's position moved during submission; retry", retriable=True
+            )
+        step = build_step(sub, position=position, reservation=reservation)
+        if target is not None and target.recorded is not None:
+            step.replay_of = target.recorded.step_id
+            step.replica_id = target.recorded.replica_id  # pinned: the dispatcher honours it
+        session.add(step)
+        await session.flush()
+        return step, ledger_after
+
+
+RULES: tuple[Rule, ...] = (
+    LoadRun(),
+    ResolveKind(),
+    Place(),
+    Police(),
+    MatchRecord(),
+    Quote(),
+    Admit(),
+    Insert(),
+)
+
+
+async def submit_step(tx: Tx, *, run_id: str, body: AnyStepCreate, ctx: SubmitContext) -> Submitted:
+    """Store a step once per (run, client_token); a repeat returns the first (created=False)."""
+    sub = Submission(tx=tx, ctx=ctx, run_id=run_id, body=body)
+    for rule in RULES:
+        answer = await rule.apply(sub)
+        if answer is not None:
+            return answer
+    raise AssertionError("the last rule always answers")  # pragma: no cover
+
+
+def build_step(sub: Submission, *, position: int, reservation: Reservation | None) -> Step:
+    body = sub.body
+    cod = body.cancel_on_disconnect
+    if cod is None:
+        cod = sub.run.cancel_on_disconnect
+    metered = reservation is not None and sub.kind.engine
+    return Step(
+        step_id=clock.new_id("step"),
+        run_id=sub.run_id,
+        position=position,
+        type=body.type,
+        client_token=body.client_token,
+        request_hash=sub.request_hash,
+        input=sub.stored,
+        budgets=body.budgets.model_dump() if body.budgets else None,
+        placement=sub.placement,
+        cancel_on_disconnect=sub.ctx.default_cancel_on_disconnect if cod is None else cod,
+        status=StepStatus.QUEUED.value,
+        priority=body.priority,
+        priority_rank=PRIORITY_RANK[body.priority],
+        max_tokens_granted=reservation.tokens_out if metered and reservation else None,
+        budget_clamped=reservation.clamped if reservation else False,
+        decode_seconds_granted=reservation.decode_seconds if reservation else None,
+        tokens_in_reserved=reservation.tokens_in if reservation else 0,
+        tokens_out_reserved=reservation.tokens_out if reservation else 0,
+        cost_reserved_usd=reservation.cost_usd if reservation else 0.0,
+        policy_decision={
+            "rule_id": sub.decision.rule_id,
+            "redactions": [r.rule_id for r in sub.decision.redactions],
+        },
+        cancel_requested=False,
+        pool_id=sub.pool_id,
+        tokens_in=0,
+        tokens_out=0,
+        cost_usd=0.0,
+        created_at=clock.now(),
+    )
+
+
+def _require_ready_replica(pool: Pool, target: ReplayTarget) -> None:
+    """A strict_replay step runs on its recorded replica only: refuse it, retriably, while
+    that replica is not ready (as placement refuses a step when no pool is ready)."""
+    replica_id = target.recorded.replica_id if target.recorded else None
+    replica = pool.replica(replica_id or "")
+    if replica is None or not replica.health.ready:
+        raise PoolUnavailable(
+            f"the recorded replica {pool.pool_id}/{replica_id} is not ready",
+            details={"pool_id": pool.pool_id, "replica_id": replica_id},
+            retry_after_ms=1000,
+        )
+
+
+async def _submit_unexecuted(sub: Submission, target: ReplayTarget) -> Submitted:
+    """A replay step nothing runs again: served from the record, or ended with REPLAY_MISS."""
+    session, run = sub.session, sub.run
+    step = build_step(sub, position=target.position, reservation=None)
+    run.step_count = target.position + 1
+    run.updated_at = clock.now()
+    session.add(step)
+    await session.flush()
+    if target.differs:
+        step.replay_of = None if target.recorded is None else target.recorded.step_id
+        step.replay_outcome = "miss"
+        await end_unstarted(sub.tx, step=step, status=StepStatus.FAILED, error=target.miss_error())
+    else:
+        assert target.recorded is not None
+        await serve_recorded(sub.tx, step=step, recorded=target.recorded)
+    return Submitted(step, True, await read_ledger(session, run_id=run.run_id))
+
+
+def enforce_logged(run_id: str, policy: RulePolicy, subject: PolicySubject) -> Decision:
+    """Evaluate the policy; every decision is logged with the rule that made it."""
+    decision = policy.evaluate(subject)
+    policy_log.info(
+        "policy %s by %s for %s",
+        "allowed" if decision.allowed else "denied",
+        decision.rule_id or "default",
+        subject.as_dict(),
+        extra={
+            "run_id": run_id,
+            "rule_id": decision.rule_id,
+            "allowed": decision.allowed,
+            "redactions": [r.rule_id for r in decision.redactions],
+        },
+    )
+    if not decision.allowed:
+        raise PolicyDenied(decision.rule_id or "", subject)
+    return decision
+
+
+async def admission_lock(session: AsyncSession, priority: str) -> None:
+    """Held to the end of the transaction; taking it again in the same one is a no-op wait."""
+    await session.execute(
+        sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": 70_000 + PRIORITY_RANK[priority]}
+    )
+
+
+async def _drop_oldest(tx: Tx, policy: AdmissionPolicy, priority: str) -> None:
+    """Make room: the step that waited longest in this queue ends with QUEUE_FULL_DROP_LRU."""
+    victim = (
+        await tx.session.execute(
+            sa.select(Step)
+            .where(Step.status == StepStatus.QUEUED.value, Step.priority == priority)
+            .order_by(Step.step_id)
+            .limit(1)
+            .with_for_update(skip_locked=True)
+        )
+    ).scalar_one_or_none()
+    if victim is None:
+        return
+    error = dropped_error(priority, policy.capacity[priority])
+    await end_unstarted(tx, step=victim, status=StepStatus.FAILED, error=error.body())

@@ -1,0 +1,186 @@
+"""The one writer of a step's status, and the ways a step ends outside its runner.
+
+``transition`` is the only code that assigns ``Step.status``: it checks the lifecycle table
+(an illegal move raises ``Conflict``) and stamps ``started_at`` / ``ended_at``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from contracts.events import EndEvent, ErrorEvent, StartedEvent
+from orchestrator_core import clock
+from orchestrator_core.event_order import EventOrder, EventType
+from orchestrator_core.lifecycle import RunStatus, StepStatus, check_step_transition
+from orchestratord.db.models import Event, Fact, Run, Step
+from orchestratord.eventlog import Finalizer, log_event
+from orchestratord.runs.ledger import settle
+from orchestratord.steps.ending import Ending
+from orchestratord.steps.queries import get_step
+from orchestratord.tx import Tx
+
+
+def transition(step: Step, to: StepStatus) -> None:
+    """Move ``step`` to ``to`` (in the caller's transaction), or raise ``Conflict``."""
+    check_step_transition(StepStatus(step.status), to)
+    step.status = to.value
+    now = clock.now()
+    if to is StepStatus.RUNNING:
+        step.started_at = now
+    elif to.terminal:
+        step.ended_at = now
+
+
+def ending_finalizer(step_id: str, ending: Ending) -> Finalizer:
+    """What commits with a step's terminal event: its status, output, usage, facts, and the
+    settlement of its reservation."""
+
+    async def finalize(session: AsyncSession) -> None:
+        step = await get_step(session, step_id=step_id)
+        transition(step, ending.status)
+        step.output = ending.output
+        step.tokens_in = ending.tokens_in
+        step.tokens_out = ending.tokens_out
+        step.cost_usd = ending.cost_usd
+        step.provenance = ending.provenance
+        step.error = ending.error
+        step.replay_outcome = ending.replay_outcome
+        for fact in ending.facts:
+            session.add(
+                Fact(
+                    fact_id=fact.fact_id,
+                    run_id=step.run_id,
+                    type=fact.type,
+                    schema_uri=None,
+                    data=fact.data,
+                    emitted_by_step=step.step_id,
+                    created_at=clock.now(),
+                )
+            )
+        await settle(
+            session,
+            step=step,
+            tokens_in=ending.tokens_in,
+            tokens_out=ending.tokens_out,
+            cost_usd=ending.cost_usd,
+        )
+        await settle_run_after_step(session, run_id=step.run_id)
+
+    return finalize
+
+
+async def end_unstarted(
+    tx: Tx, *, step: Step, status: StepStatus, error: dict[str, Any] | None = None
+) -> None:
+    """End a step that never started: ``started`` then ``end{cancelled}`` or ``error``.
+
+    Its reservation goes back to the run.
+    """
+    transition(step, status)
+    if step.replay_of is not None and step.replay_outcome is None:
+        step.replay_outcome = "cancelled" if status is StepStatus.CANCELLED else "failed"
+    step.output = {
+        "text": "",
+        "token_ids": [],
+        "stop_reason": "cancelled" if error is None else None,
+    }
+    step.error = error
+    order = EventOrder()
+    started = log_event(
+        step.run_id,
+        step.step_id,
+        order.accept(EventType.STARTED),
+        StartedEvent(pool_id=step.pool_id, replica_id=None, engine=None),
+    )
+    last = log_event(
+        step.run_id,
+        step.step_id,
+        order.accept(EventType.END if error is None else EventType.ERROR),
+        EndEvent(stop_reason="cancelled", tokens_in=0, tokens_out=0, provenance=None)
+        if error is None
+        else ErrorEvent(**{**error, "correlation_id": None}),
+    )
+    await tx.append_events([started, last])
+    await settle(tx.session, step=step, tokens_in=0, tokens_out=0, cost_usd=0.0)
+    await settle_run_after_step(tx.session, run_id=step.run_id)
+
+
+async def cancel_step(tx: Tx, *, step_id: str) -> tuple[str, bool]:
+    """Returns (status to report, whether a running execution must be told)."""
+    step = await get_step(tx.session, step_id=step_id, lock=True)
+    status = StepStatus(step.status)
+    if status.terminal:
+        return step.status, False
+    if status is StepStatus.QUEUED:
+        await end_unstarted(tx, step=step, status=StepStatus.CANCELLED)
+        return step.status, False
+    step.cancel_requested = True
+    return "cancelling", True
+
+
+async def settle_run_after_step(session: AsyncSession, *, run_id: str) -> None:
+    """A cancelling run becomes cancelled when its last live step has ended."""
+    run = (
+        await session.execute(
+            sa.select(Run).where(Run.run_id == run_id).with_for_update(key_share=True)
+        )
+    ).scalar_one()
+    if run.status != RunStatus.CANCELLING.value:
+        return
+    live = (
+        await session.execute(
+            sa.select(sa.func.count())
+            .select_from(Step)
+            .where(
+                Step.run_id == run_id,
+                Step.status.in_([StepStatus.QUEUED.value, StepStatus.RUNNING.value]),
+            )
+        )
+    ).scalar_one()
+    if live == 0:
+        run.status = RunStatus.CANCELLED.value
+        run.updated_at = clock.now()
+
+
+async def end_interrupted(tx: Tx, *, step: Step, message: str) -> None:
+    """End a running step whose execution is gone: an ``error`` event after what its log
+    holds (``started`` first if it has nothing), usage = the tokens it committed."""
+    session = tx.session
+    last, tokens = (
+        await session.execute(
+            sa.select(
+                sa.func.max(Event.seq),
+                sa.func.count().filter(Event.type == EventType.TOKEN.value),
+            ).where(Event.step_id == step.step_id)
+        )
+    ).one()
+    events = []
+    seq = 0 if last is None else last + 1
+    if last is None:
+        events.append(
+            log_event(
+                step.run_id,
+                step.step_id,
+                0,
+                StartedEvent(pool_id=step.pool_id, replica_id=step.replica_id, engine=None),
+            )
+        )
+        seq = 1
+    body = {
+        "code": "INTERNAL",
+        "message": message,
+        "retriable": True,
+        "retry_after_ms": None,
+        "details": {"tokens_out": tokens},
+        "correlation_id": None,
+    }
+    events.append(log_event(step.run_id, step.step_id, seq, ErrorEvent(**body)))
+    await tx.append_events(events)
+    transition(step, StepStatus.FAILED)
+    step.error = body
+    step.tokens_out = tokens
+    await settle(session, step=step, tokens_in=0, tokens_out=tokens, cost_usd=0.0)
+    await settle_run_after_step(session, run_id=step.run_id)

@@ -1,0 +1,140 @@
+"""HTTP tools: a POST of the args as JSON; the JSON reply is the result.
+
+One pooled ``httpx.AsyncClient`` serves every call, so connections to a tool are reused.
+The reply is read as a stream and dropped as soon as it passes the size cap. A call never
+outlives its deadline (the step's wall budget), retries and backoff included; retries are
+made only for tools marked idempotent, and only for failures a retry can fix.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import orjson
+
+from orchestrator_core import clock
+from orchestratord.tools.errors import ToolFailure
+
+
+@dataclass(frozen=True)
+class HttpToolSettings:
+    default_timeout_ms: int = 10000
+    max_reply_bytes: int = 1_048_576
+    max_retries: int = 2
+    backoff_s: float = 0.1
+    max_connections: int = 64
+
+
+_RETRY_STATUS = frozenset({429, 500, 502, 503, 504})
+_BACKOFF_CAP_S = 5.0
+
+
+class HttpToolExecutor:
+    def __init__(self, settings: HttpToolSettings) -> None:
+        self.settings = settings
+        self.client = httpx.AsyncClient(
+            limits=httpx.Limits(
+                max_connections=settings.max_connections,
+                max_keepalive_connections=settings.max_connections,
+            ),
+            headers={"content-type": "application/json", "accept": "application/json"},
+        )
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+    async def post(
+        self,
+        url: str,
+        args: dict[str, Any],
+        *,
+        timeout_ms: int | None,
+        deadline_s: float | None,
+        idempotent: bool,
+        max_retries: int | None,
+        max_reply_bytes: int | None,
+        idempotency_key: str,
+        on_retry: Callable[[int, str], None] | None = None,
+    ) -> Any:
+        settings = self.settings
+        body = orjson.dumps(args)
+        cap = max_reply_bytes or settings.max_reply_bytes
+        retries = (
+            (settings.max_retries if max_retries is None else max_retries) if idempotent else 0
+        )
+        ends_at = None if deadline_s is None else clock.clock.monotonic() + deadline_s
+        attempt = 0
+        while True:
+            attempt += 1
+            timeout = (timeout_ms or settings.default_timeout_ms) / 1000
+            if ends_at is not None:
+                timeout = min(timeout, ends_at - clock.clock.monotonic())
+                if timeout <= 0:
+                    raise ToolFailure("timeout", "the step's deadline passed", attempts=attempt - 1)
+            try:
+                return await self._once(url, body, timeout, cap, idempotency_key)
+            except ToolFailure as failure:
+                failure.attempts = attempt
+                if attempt > retries or not failure.retriable:
+                    raise
+                delay = min(_BACKOFF_CAP_S, settings.backoff_s * 2 ** (attempt - 1))
+                delay *= 1 + random.random() * 0.1  # jitter: retries of many steps spread out
+                if ends_at is not None and clock.clock.monotonic() + delay >= ends_at:
+                    raise
+                if on_retry is not None:
+                    on_retry(attempt, failure.message)
+                await asyncio.sleep(delay)
+
+    async def _once(
+        self, url: str, body: bytes, timeout_s: float, cap: int, idempotency_key: str
+    ) -> Any:
+        try:
+            async with asyncio.timeout(timeout_s):
+                request = self.client.build_request(
+                    "POST",
+                    url,
+                    content=body,
+                    headers={"idempotency-key": idempotency_key},
+                    timeout=timeout_s,
+                )
+                response = await self.client.send(request, stream=True)
+                try:
+                    data = await self._read(response, cap)
+                finally:
+                    await response.aclose()
+        except (TimeoutError, httpx.TimeoutException) as exc:
+            raise ToolFailure(
+                "timeout", f"no reply within {round(timeout_s * 1000)} ms", retriable=True
+            ) from exc
+        except httpx.TransportError as exc:
+            raise ToolFailure("connect", f"{type(exc).__name__}: {exc}", retriable=True) from exc
+        status = response.status_code
+        if not 200 <= status < 300:
+            raise ToolFailure(
+                "status",
+                f"HTTP {status}: {data[:200].decode('utf-8', 'replace')}",
+                status=status,
+                retriable=status in _RETRY_STATUS,
+            )
+        try:
+            return orjson.loads(data)
+        except orjson.JSONDecodeError as exc:
+            raise ToolFailure("invalid_json", f"the reply is not JSON: {exc}") from exc
+
+    async def _read(self, response: httpx.Response, cap: int) -> bytes:
+        length = response.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > cap:
+            raise ToolFailure("too_large", f"the reply is {length} bytes, over {cap}")
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in response.aiter_bytes():
+            size += len(chunk)
+            if size > cap:
+                raise ToolFailure("too_large", f"the reply passed {cap} bytes")
+            chunks.append(chunk)
+        return b"".join(chunks)

@@ -1,0 +1,719 @@
+"""orchctl and its client: SSE parsing, rendering, exit codes, and replays against a server."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import io
+import json
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import sqlalchemy as sa
+
+from orchestrator_client import orchctl
+from orchestrator_client.client import (
+    ApiError,
+    Client,
+    SseEvent,
+    SseParser,
+    StepReplay,
+    Unreachable,
+    follow_to_end,
+    parse_sse,
+    replay_run,
+    replay_step_body,
+    submit_retrying,
+)
+from orchestratord.db.models import Event
+from orchestratord.runtime import Orchestrator
+from tests.helpers import make_flow, make_run, submit, wait_status
+from tests.procs import free_port, orchestratord
+
+# --- SSE parsing ----------------------------------------------------------------------------
+
+
+def test_sse_events_comments_and_ids() -> None:
+    body = (
+        ": keep-alive\n\n"
+        'id: 0\nevent: started\ndata: {"seq": 0}\n\n'
+        ": keep-alive\n"
+        'id: 1\nevent: token\ndata: {"i": 0, "t": "a"}\n\n'
+    )
+    events = parse_sse(body)
+    assert events == [
+        SseEvent("started", '{"seq": 0}', "0"),
+        SseEvent("token", '{"i": 0, "t": "a"}', "1"),
+    ]
+    assert events[1].json() == {"i": 0, "t": "a"}
+
+
+def test_sse_multi_line_data_crlf_and_field_rules() -> None:
+    body = (
+        '\ufeffevent: end\r\ndata: {"a":\r\ndata:  1}\r\n\r\n'  # second line keeps one space
+        "event: lonely\n\n"  # no data: not dispatched
+        "data\n\n"  # a field without colon: empty data line
+        "id: 7\nretry: 250\ndata: x\n\n"
+        "data: unterminated"
+    )
+    events = parse_sse(body)
+    assert events == [
+        SseEvent("end", '{"a":\n 1}', None),
+        SseEvent("message", "", None),
+        SseEvent("message", "x", "7"),
+    ]
+    assert events[0].json() == {"a": 1}
+
+
+def test_sse_parser_counts_comments_and_keeps_last_id() -> None:
+    parser = SseParser(last_event_id="4")
+    assert parser.feed(": keep-alive") is None
+    assert parser.feed("") is None  # blank after a comment dispatches nothing
+    assert parser.feed("event: token") is None
+    assert parser.feed('data: {"i": 5}') is None
+    event = parser.feed("")
+    assert event == SseEvent("token", '{"i": 5}', "4")  # no id line: the id in force
+    parser.feed("retry: soon")
+    assert parser.retry_ms is None
+    assert parser.comments == 1
+
+
+def test_event_data_must_be_an_object() -> None:
+    with pytest.raises(ValueError, match="not a JSON object"):
+        SseEvent("token", "[1]").json()
+
+
+# --- following a stream over a mock transport -----------------------------------------------
+
+
+class _Dropping(httpx.SyncByteStream):
+    """A body that sends ``chunks`` and then loses the connection."""
+
+    def __init__(self, chunks: list[bytes], *, drop: bool = True) -> None:
+        self.chunks, self.drop = chunks, drop
+
+    def __iter__(self) -> Iterator[bytes]:
+        yield from self.chunks
+        if self.drop:
+            raise httpx.ReadError("connection reset by peer")
+
+
+def _sse(seq: int, event: str, data: dict[str, Any]) -> bytes:
+    return f"id: {seq}\nevent: {event}\ndata: {json.dumps(data)}\n\n".encode()
+
+
+def _mock_client(handler: Callable[[httpx.Request], httpx.Response], **kw: Any) -> Client:
+    return Client("http://orch.test", transport=httpx.MockTransport(handler), **kw)
+
+
+def test_follow_step_resumes_after_a_drop_with_last_event_id() -> None:
+    seen_headers: list[str | None] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen_headers.append(request.headers.get("last-event-id"))
+        if len(seen_headers) == 1:
+            chunks = [_sse(0, "started", {}), b": keep-alive\n\n", _sse(1, "token", {"i": 0})]
+            body = _Dropping([*chunks, b"id: 2\nevent: tok"])  # dropped mid-event
+        elif len(seen_headers) == 2:
+            body = _Dropping([], drop=False)  # closes cleanly before the end: resume again
+        else:
+            body = _Dropping([_sse(2, "token", {"i": 1}), _sse(3, "end", {})], drop=False)
+        return httpx.Response(200, stream=body, headers={"content-type": "text/event-stream"})
+
+    with _mock_client(handler, reconnect_delay_s=0) as client:
+        events = list(client.follow_step("step_1"))
+    assert [(e.id, e.event) for e in events] == [
+        ("0", "started"),
+        ("1", "token"),
+        ("2", "token"),
+        ("3", "end"),
+    ]
+    assert seen_headers == [None, "1", "1"]
+
+
+def test_follow_step_gives_up_after_max_reconnects() -> None:
+    calls = 0
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        nonlocal calls
+        calls += 1
+        return httpx.Response(200, stream=_Dropping([]))
+
+    with (
+        _mock_client(handler, reconnect_delay_s=0, max_reconnects=2) as client,
+        pytest.raises(Unreachable, match="gave up resuming"),
+    ):
+        list(client.follow_step("step_1"))
+    assert calls == 3
+
+
+def test_follow_step_of_an_unknown_step_is_an_api_error() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        body = {"code": "NOT_FOUND", "message": "step step_x not found", "retriable": False}
+        return httpx.Response(404, json=body, headers={"x-correlation-id": "c-1"})
+
+    with _mock_client(handler) as client, pytest.raises(ApiError) as info:
+        list(client.follow_step("step_x"))
+    assert (info.value.status, info.value.code) == (404, "NOT_FOUND")
+    assert info.value.correlation_id == "c-1"
+
+
+def test_non_json_error_keeps_the_status() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(502, text="Bad Gateway")
+
+    with _mock_client(handler) as client, pytest.raises(ApiError) as info:
+        client.get_run("run_1")
+    assert (info.value.code, info.value.message) == ("HTTP_502", "Bad Gateway")
+
+
+def test_replay_step_body_repeats_the_recorded_request() -> None:
+    recorded = {
+        "step_id": "step_old",
+        "position": 0,
+        "type": "llm_call",
+        "client_token": "a",
+        "input": {"prompt": "hi", "params": {"max_tokens": 4}},
+        "budgets": {"max_tokens_out": 10},
+        "placement": {"pin": "sim"},
+        "priority": "batch",
+        "status": "succeeded",
+    }
+    assert replay_step_body(recorded) == {
+        "type": "llm_call",
+        "client_token": "a",
+        "input": {"prompt": "hi", "params": {"max_tokens": 4}},
+        "budgets": {"max_tokens_out": 10},
+        "placement": None,
+        "priority": "batch",
+    }
+
+
+def test_submit_retries_what_the_server_calls_retriable() -> None:
+    answers = [
+        httpx.Response(
+            429,
+            json={
+                "code": "ADMISSION_REJECT",
+                "message": "full",
+                "retriable": True,
+                "retry_after_ms": 0,
+            },
+        ),
+        httpx.Response(202, json={"step_id": "step_1", "status": "queued"}),
+        httpx.Response(403, json={"code": "POLICY_DENIED", "message": "no", "retriable": False}),
+    ]
+    tokens: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        tokens.append(json.loads(request.content)["client_token"])
+        return answers.pop(0)
+
+    with _mock_client(handler) as client:
+        body = {"type": "llm_call", "client_token": "a", "input": {}}
+        assert submit_retrying(client, "run_1", body)["step_id"] == "step_1"
+        with pytest.raises(ApiError, match="POLICY_DENIED"):
+            submit_retrying(client, "run_1", body)
+    assert tokens == ["a", "a", "a"]
+
+
+def test_submit_retries_a_lost_connection_with_the_same_token(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("orchestrator_client.client.time.sleep", lambda _s: None)
+    tokens: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        tokens.append(json.loads(request.content)["client_token"])
+        if len(tokens) == 1:
+            raise httpx.ReadTimeout("the answer was lost", request=request)
+        return httpx.Response(200, json={"step_id": "step_1", "status": "running"})
+
+    with _mock_client(handler) as client:
+        body = {"type": "llm_call", "client_token": "a", "input": {}}
+        assert submit_retrying(client, "run_1", body)["step_id"] == "step_1"
+    assert tokens == ["a", "a"]
+
+
+# --- verdicts, exit codes and rendering -----------------------------------------------------
+
+
+def _report(**over: Any) -> dict[str, Any]:
+    counts = {k: 0 for k in orchctl.OUTCOMES}
+    counts.update(over.pop("counts", {}))
+    return {
+        "run_id": "run_r",
+        "source_run_id": "run_s",
+        "mode": "strict_replay",
+        "diverged": False,
+        "complete": True,
+        "counts": counts,
+        "steps": [],
+        **over,
+    }
+
+
+@pytest.mark.parametrize(
+    ("report", "word", "code"),
+    [
+        (_report(counts={"identical": 2}), "IDENTICAL", 0),
+        (_report(), "IDENTICAL", 0),
+        (_report(diverged=True, counts={"identical": 1, "diverged": 1}), "DIVERGED", 1),
+        (_report(diverged=True, counts={"missed": 1}), "MISSED", 1),
+        (_report(diverged=True, counts={"failed": 1}), "FAILED", 1),
+        (_report(diverged=True), "DIVERGED", 1),
+        (_report(complete=False, counts={"not_replayed": 1}), "INCOMPLETE", 1),
+        (_report(complete=False, counts={"pending": 1}), "INCOMPLETE", 1),
+    ],
+)
+def test_verdict_and_exit_code(report: dict[str, Any], word: str, code: int) -> None:
+    assert orchctl.verdict(report) == word
+    assert orchctl.exit_code(report) == code
+
+
+def test_render_report_shows_the_divergence() -> None:
+    report = _report(
+        diverged=True,
+        counts={"identical": 1, "diverged": 1},
+        steps=[
+            {
+                "position": 0,
+                "step_id": "step_a",
+                "recorded_step_id": "step_ra",
+                "status": "succeeded",
+                "outcome": "identical",
+                "tokens_out": 8,
+                "divergence": None,
+                "miss": None,
+            },
+            {
+                "position": 1,
+                "step_id": "step_b",
+                "recorded_step_id": "step_rb",
+                "status": "failed",
+                "outcome": "diverged",
+                "tokens_out": 3,
+                "divergence": {
+                    "step_id": "step_b",
+                    "recorded_step_id": "step_rb",
+                    "position": 1,
+                    "token_index": 3,
+                    "expected": {"t": " river", "token_id": 17},
+                    "actual": {"t": "\n", "token_id": None},
+                    "context": {"before": ["The", " quiet"], "expected_after": []},
+                },
+                "miss": None,
+            },
+        ],
+    )
+    text = orchctl.render_report(report, "run_r")
+    lines = text.splitlines()
+    assert lines[0] == "replay run_r of run_s (strict_replay): DIVERGED"
+    assert "identical 1, diverged 1, missed 0" in lines[1]
+    assert lines[2] == "  #0 step_a (recorded step_ra) identical, 8 tokens"
+    assert lines[3] == "  #1 step_b (recorded step_rb) diverged, 3 tokens"
+    assert lines[4:] == [
+        "      diverged at token 3 (step step_b, recorded step_rb)",
+        "        expected:               ' river' (token_id 17)",
+        "        actual:                 '\\n'",
+        "        context before:         'The' ' quiet'",
+        "        context expected after: (none)",
+    ]
+
+
+def test_render_divergence_at_the_end_and_a_miss() -> None:
+    lines = orchctl.render_divergence(
+        {"token_index": 4, "expected": {"end": "eos"}, "actual": {"t": "x", "token_id": 9}},
+        indent="",
+    )
+    assert lines == [
+        "diverged at token 4",
+        "  expected: end of output (eos)",
+        "  actual:   'x' (token_id 9)",
+    ]
+    lines = orchctl.render_divergence(
+        {
+            "token_index": 0,
+            "expected": {"t": "a", "token_id": 1},
+            "actual": {"error": "ENGINE_ERROR"},
+            "context": [{"t": " b", "token_id": 2}, "c"],
+        },
+        indent="",
+    )
+    assert lines[2:] == ["  actual:   error ENGINE_ERROR", "  context:  ' b' 'c'"]
+    assert orchctl.render_miss({"differs": ["prompt", "params"]}, indent="") == [
+        "no recorded step matches; differs: prompt, params"
+    ]
+    miss = {
+        "message": "the step differs from the recorded step at position 2 in: prompt_hash",
+        "position": 2,
+        "source_run_id": "run_s",
+        "recorded_step_id": "step_rc",
+        "differs": ["prompt_hash"],
+        "inputs": [{"input": "prompt_hash", "recorded": "sha256:a", "submitted": "sha256:b"}],
+        "hint": "x",
+    }
+    assert orchctl.render_miss(miss, indent="") == [
+        "no recorded step matches; differs: prompt_hash",
+        "  the step differs from the recorded step at position 2 in: prompt_hash",
+        '  prompt_hash: recorded "sha256:a", submitted "sha256:b"',
+        '  {"hint": "x"}',
+    ]
+
+
+def test_render_refusal_lists_every_mismatch() -> None:
+    body = {
+        "code": "STRICT_REPLAY_MISMATCH",
+        "message": "the current deployment cannot replay run_s strictly",
+        "retriable": False,
+        "retry_after_ms": None,
+        "details": {
+            "mismatches": [
+                {"input": "seed", "recorded": 42, "current": 7},
+                {"input": "engine_version", "recorded": "sim-1", "current": "sim-2"},
+                {
+                    "input": "replica",
+                    "pool_id": "sim",
+                    "replica_id": "r0",
+                    "recorded": "r0",
+                    "current": None,
+                },
+                {"input": "policy", "recorded": "sha256:1", "current": "sha256:2", "message": "m"},
+                {"input": "future", "recorded": 1, "current": 2, "extra": True},
+            ]
+        },
+        "correlation_id": "corr-9",
+    }
+    text = orchctl.render_error(ApiError(409, body), "strict_replay of run_s")
+    assert text.splitlines() == [
+        "orchctl: strict_replay of run_s: STRICT_REPLAY_MISMATCH: "
+        "the current deployment cannot replay run_s strictly",
+        "  mismatch seed: recorded 42, current 7",
+        '  mismatch engine_version: recorded "sim-1", current "sim-2"',
+        '  mismatch replica on sim/r0: recorded "r0", current null',
+        '  mismatch policy: recorded "sha256:1", current "sha256:2" (m)',
+        '  mismatch future: recorded 1, current 2 {"extra": true}',
+        "  (HTTP 409, correlation id corr-9)",
+    ]
+
+
+def test_render_progress_line() -> None:
+    diverged = StepReplay(
+        1,
+        "step_rb",
+        "step_b",
+        3,
+        error={"code": "REPLAY_DIVERGED", "details": {"divergence": {"token_index": 3}}},
+    )
+    assert orchctl.render_progress(diverged) == (
+        "  #1 step_b (recorded step_rb) 3 tokens, REPLAY_DIVERGED at token 3\n"
+    )
+    ok = StepReplay(0, "step_ra", "step_a", 8, ended="length")
+    assert orchctl.render_progress(ok).endswith("8 tokens, end (length)\n")
+    miss = StepReplay(2, "step_rc", "step_c", 0, error={"code": "REPLAY_MISS", "details": {}})
+    assert orchctl.render_progress(miss).endswith("0 tokens, REPLAY_MISS\n")
+
+
+# --- the CLI over a mock transport ----------------------------------------------------------
+
+
+def _run_cli(
+    monkeypatch: pytest.MonkeyPatch,
+    handler: Callable[[httpx.Request], httpx.Response],
+    *argv: str,
+) -> tuple[int, str, str, list[str]]:
+    urls: list[str] = []
+
+    def factory(base_url: str, **kw: Any) -> Client:
+        urls.append(base_url)
+        return Client(base_url, transport=httpx.MockTransport(handler), **kw)
+
+    monkeypatch.setattr(orchctl, "Client", factory)
+    out, err = io.StringIO(), io.StringIO()
+    code = orchctl.main(list(argv), stdout=out, stderr=err)
+    return code, out.getvalue(), err.getvalue(), urls
+
+
+def test_refused_strict_replay_exits_2_with_the_mismatches(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    run = {"run_id": "run_s", "flow_id": "flow_f", "seed": 42, "mode": "record"}
+    refusal = {
+        "code": "STRICT_REPLAY_MISMATCH",
+        "message": "cannot replay strictly",
+        "retriable": False,
+        "retry_after_ms": None,
+        "details": {"mismatches": [{"input": "model_hash", "recorded": "a", "current": "b"}]},
+        "correlation_id": "c",
+    }
+    created: list[Any] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        path = request.url.path
+        if path == "/v1/runs/run_s":
+            return httpx.Response(200, json=run)
+        if path == "/v1/runs/run_s/steps":
+            return httpx.Response(200, json=[])
+        if path == "/v1/flows/flow_f/runs":
+            created.append(json.loads(request.content))
+            return httpx.Response(409, json=refusal)
+        return httpx.Response(404, json={"code": "NOT_FOUND", "message": path})
+
+    code, out, err, _ = _run_cli(monkeypatch, handler, "replay", "run_s", "--strict")
+    assert code == 2
+    assert out == ""
+    assert "STRICT_REPLAY_MISMATCH: cannot replay strictly" in err
+    assert '  mismatch model_hash: recorded "a", current "b"' in err
+    assert created == [{"mode": "strict_replay", "source_run_id": "run_s", "seed": 42}]
+
+    code, out, err, _ = _run_cli(monkeypatch, handler, "replay", "run_s", "--strict", "--json")
+    assert code == 2
+    assert json.loads(out)["error"]["code"] == "STRICT_REPLAY_MISMATCH"
+
+
+def test_url_from_flag_env_or_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, json=_report(counts={"identical": 1}))
+
+    monkeypatch.delenv("ORCHCTL_URL", raising=False)
+    code, out, _, urls = _run_cli(monkeypatch, handler, "report", "run_r")
+    assert code == 0
+    assert out.startswith("replay run_r of run_s (strict_replay): IDENTICAL")
+    monkeypatch.setenv("ORCHCTL_URL", "http://env.test:1")
+    urls += _run_cli(monkeypatch, handler, "report", "run_r")[3]
+    urls += _run_cli(monkeypatch, handler, "--url", "http://a.test:2", "report", "run_r")[3]
+    urls += _run_cli(monkeypatch, handler, "report", "run_r", "--url", "http://b.test:3")[3]
+    assert urls == [orchctl.DEFAULT_URL, "http://env.test:1", "http://a.test:2", "http://b.test:3"]
+    assert orchctl.DEFAULT_URL == "http://127.0.0.1:8080"
+
+
+def test_unreachable_server_exits_2() -> None:
+    out, err = io.StringIO(), io.StringIO()
+    url = f"http://127.0.0.1:{free_port()}"
+    code = orchctl.main(["--url", url, "--timeout", "5", "report", "run_x"], stdout=out, stderr=err)
+    assert code == 2
+    assert err.getvalue().startswith("orchctl: replay report of run_x: UNREACHABLE: GET ")
+
+
+def test_help_explains_exit_status(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        orchctl.main(["replay", "--help"])
+    assert info.value.code == 0
+    text = capsys.readouterr().out
+    assert "--strict" in text
+    assert "exit status: 0 complete and identical" in text
+
+
+# --- end to end: a real server on a loopback port -------------------------------------------
+
+
+async def _record(live: httpx.AsyncClient, steps: int = 3, seed: int = 7) -> tuple[str, list[str]]:
+    run_id = await make_run(live, await make_flow(live, {"orchctl": 1}), seed=seed)
+    step_ids = []
+    for i in range(steps):
+        r = await submit(live, run_id, token=f"s{i}", prompt=f"step {i}: rivers", max_tokens=6 + i)
+        assert r.status_code == 202, r.text
+        step_ids.append(r.json()["step_id"])
+        await wait_status(live, step_ids[-1], "succeeded")
+    return run_id, step_ids
+
+
+async def _orchctl(live: httpx.AsyncClient, *argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    # a thread: the server runs in this event loop, the CLI blocks
+    main = functools.partial(orchctl.main, stdout=out, stderr=err)
+    code = await asyncio.to_thread(main, ["--url", str(live.base_url), *argv])
+    return code, out.getvalue(), err.getvalue()
+
+
+@pytest.mark.parametrize("strict", [False, True], ids=["replay", "strict"])
+async def test_replay_of_a_recorded_run_is_identical(live: httpx.AsyncClient, strict: bool) -> None:
+    run_id, recorded = await _record(live)
+    code, out, err = await _orchctl(live, "replay", run_id, *(["--strict"] if strict else []))
+    assert code == 0, out + err
+    mode = "strict_replay" if strict else "replay"
+    header = out.splitlines()[0]
+    assert header.startswith("replay run_") and header.endswith(f"of {run_id} ({mode}): IDENTICAL")
+    for position, step_id in enumerate(recorded):
+        assert f"#{position} step_" in out
+        assert f"(recorded {step_id}) identical, {6 + position} tokens" in out
+    progress = err.splitlines()
+    assert len(progress) == 3
+    assert all(line.endswith("end (length)") for line in progress), err
+
+    # the replay run is what the report says
+    replay_id = header.split()[1]
+    run = (await live.get(f"/v1/runs/{replay_id}")).json()
+    assert (run["mode"], run["source_run_id"], run["seed"]) == (mode, run_id, 7)
+    # report on the existing replay run: same verdict, same exit code
+    code, again, _ = await _orchctl(live, "report", replay_id)
+    assert (code, again.splitlines()[0]) == (0, header)
+
+
+async def _tamper_token(orch: Orchestrator, step_id: str, i: int, text: str) -> None:
+    """Rewrite one recorded token in the log, as if the record had been made elsewhere."""
+    async with orch.db.engine.begin() as conn:
+        row = (
+            await conn.execute(
+                sa.select(Event.id, Event.data).where(
+                    Event.step_id == step_id, Event.type == "token"
+                )
+            )
+        ).all()
+        event_id, data = next(
+            (r.id, json.loads(r.data)) for r in row if json.loads(r.data)["i"] == i
+        )
+        data.update(t=text, token_id=-1)
+        await conn.execute(
+            sa.update(Event).where(Event.id == event_id).values(data=json.dumps(data))
+        )
+
+
+async def test_strict_replay_reports_a_divergence(
+    live: httpx.AsyncClient, orch: Orchestrator
+) -> None:
+    run_id, recorded = await _record(live, steps=2)
+    await _tamper_token(orch, recorded[1], 2, " river\n")
+    code, out, err = await _orchctl(live, "replay", run_id, "--strict")
+    assert code == 1, out + err
+    assert out.splitlines()[0].endswith(f"of {run_id} (strict_replay): DIVERGED")
+    assert "identical 1, diverged 1" in out
+    assert f"(recorded {recorded[1]}) diverged" in out
+    assert "diverged at token 2" in out
+    assert "expected:               ' river\\n' (token_id -1)" in out
+    assert "context before:" in out
+    assert err.splitlines()[1].endswith("REPLAY_DIVERGED at token 2")
+
+    code, out, _ = await _orchctl(live, "replay", run_id, "--strict", "--json")
+    assert code == 1
+    divergence = json.loads(out)["steps"][1]["divergence"]
+    assert divergence["token_index"] == 2
+    assert divergence["expected"] == {"t": " river\n", "token_id": -1}
+    # a plain replay serves the record as it is: identical
+    code, out, _ = await _orchctl(live, "replay", run_id)
+    assert code == 0, out
+
+
+async def test_replay_json_report(live: httpx.AsyncClient) -> None:
+    run_id, recorded = await _record(live, steps=2)
+    code, out, err = await _orchctl(live, "replay", run_id, "--strict", "--json")
+    assert code == 0, out + err
+    assert err == ""  # no progress with --json
+    report = json.loads(out)
+    assert report["replay_run_id"] == report["run_id"]
+    assert report["source_run_id"] == run_id
+    assert (report["mode"], report["diverged"], report["complete"]) == (
+        "strict_replay",
+        False,
+        True,
+    )
+    assert report["counts"]["identical"] == 2
+    assert [s["recorded_step_id"] for s in report["steps"]] == recorded
+    assert [s["outcome"] for s in report["steps"]] == ["identical", "identical"]
+
+
+async def test_client_records_a_run_it_can_replay(live: httpx.AsyncClient) -> None:
+    url = str(live.base_url)
+
+    def record_and_replay() -> tuple[str, dict[str, Any]]:
+        with Client(url) as client:
+            flow = client.create_flow({"ast": {"client": 1}})
+            run_id = str(client.create_run(str(flow["flow_id"]), {"seed": 11})["run_id"])
+            for i in range(2):
+                body = {
+                    "type": "llm_call",
+                    "client_token": f"c{i}",
+                    "input": {"prompt": f"p{i}", "params": {"max_tokens": 3}},
+                }
+                step_id = str(client.submit_step(run_id, body)["step_id"])
+                assert follow_to_end(client, step_id) == (3, "length", None)
+            assert [s["client_token"] for s in client.list_steps(run_id)] == ["c0", "c1"]
+            return replay_run(client, run_id, strict=True)
+
+    replay_id, report = await asyncio.to_thread(record_and_replay)
+    assert report["run_id"] == replay_id
+    assert orchctl.verdict(report) == "IDENTICAL"
+
+
+async def test_replay_of_an_unknown_run_exits_2(live: httpx.AsyncClient) -> None:
+    code, out, err = await _orchctl(live, "replay", "run_doesnotexist", "--strict")
+    assert code == 2
+    assert out == ""
+    assert err.startswith("orchctl: strict_replay of run_doesnotexist: NOT_FOUND: ")
+    assert "correlation id" in err
+
+
+async def test_report_of_an_unknown_run_exits_2(live: httpx.AsyncClient) -> None:
+    code, out, err = await _orchctl(live, "report", "run_doesnotexist", "--json")
+    assert code == 2
+    assert json.loads(out)["error"]["code"] == "NOT_FOUND"
+    assert "NOT_FOUND" in err
+
+
+async def test_export_then_import(live: httpx.AsyncClient, tmp_path: Path) -> None:
+    run_id, _ = await _record(live, steps=1)
+    bundle = tmp_path / "run.json"
+    code, out, err = await _orchctl(live, "export", run_id, "-o", str(bundle))
+    assert code == 0, err
+    assert out == ""
+    assert run_id in bundle.read_text()
+    code, out, err = await _orchctl(live, "import", str(bundle))
+    assert code == 0, err
+    assert json.loads(out)["run_id"]
+    code, out, err = await _orchctl(live, "export", run_id)
+    assert code == 0, err
+    assert json.loads(out) == json.loads(bundle.read_text())
+
+
+# --- the installed console script against an orchestratord process --------------------------
+
+
+@pytest.mark.slow
+def test_console_script_replays_against_a_server_process(tmp_path: Path) -> None:
+    script = Path(sys.executable).parent / "orchctl"
+    exe = str(script) if script.exists() else shutil.which("orchctl")
+    assert exe, "the orchctl console script is not installed (pip install -e .)"
+    env = {"ORCHESTRATORD_SIM__TOKENS_PER_S": "0", "ORCHESTRATORD_SIM__EOS_PROBABILITY": "0"}
+    db = f"sqlite:///{tmp_path / 'orch.db'}"
+    with orchestratord(tmp_path, "--engine", "sim", "--database-url", db, env=env) as url:
+        with httpx.Client(base_url=url, timeout=30) as c:
+            flow = c.post("/v1/flows", json={"ast": {"script": 1}}).json()["flow_id"]
+            run_id = c.post(f"/v1/flows/{flow}/runs", json={"seed": 5}).json()["run_id"]
+            for i in range(2):
+                step = {
+                    "type": "llm_call",
+                    "client_token": f"s{i}",
+                    "input": {"prompt": f"p{i}", "params": {"max_tokens": 5}},
+                }
+                assert c.post(f"/v1/runs/{run_id}/steps", json=step).status_code == 202
+            # orchctl follows each recorded step's replay; the recorded ones must be done
+            for _ in range(600):
+                steps = c.get(f"/v1/runs/{run_id}/steps").json()
+                if all(s["status"] == "succeeded" for s in steps):
+                    break
+                time.sleep(0.05)
+        done = subprocess.run(
+            [exe, "replay", run_id, "--strict", "--json"],
+            env={"ORCHCTL_URL": url, "PATH": "/usr/bin:/bin"},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        report = json.loads(done.stdout)
+        assert report["counts"]["identical"] == 2
+        refused = subprocess.run(
+            [exe, "--url", url, "replay", "run_nope"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert refused.returncode == 2
+        assert "NOT_FOUND" in refused.stderr
