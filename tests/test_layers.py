@@ -92,3 +92,38 @@ SERVER_MODULES = {
     "uvicorn",
     "alembic",
 }
+
+
+def _status_writes(path: Path) -> list[int]:
+    """Lines that assign a step's status: ``<x>.status = ...`` on a name that is a step, or
+    ``update(Step).values(status=...)``."""
+    lines = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Assign):
+            for target in node.targets:
+                if (
+                    isinstance(target, ast.Attribute)
+                    and target.attr == "status"
+                    and isinstance(target.value, ast.Name)
+                    and "step" in target.value.id.lower()
+                ):
+                    lines.append(node.lineno)
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "values"
+            and any(k.arg == "status" for k in node.keywords)
+            and "Step" in ast.unparse(node.func.value)
+        ):
+            lines.append(node.lineno)
+    return lines
+
+
+def test_only_the_transition_function_writes_a_step_status() -> None:
+    writers = {
+        str(path.relative_to(ROOT)): found
+        for path in (ROOT / "orchestratord").rglob("*.py")
+        if (found := _status_writes(path))
+    }
+    assert list(writers) == ["orchestratord/steps/transition.py"], writers
+    assert len(writers["orchestratord/steps/transition.py"]) == 1
