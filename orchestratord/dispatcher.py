@@ -48,9 +48,11 @@ class Dispatcher:
         self.services = services
         self.control_slots = control_slots
         self._control_running = 0
-        # Whether control-plane steps may be waiting: a claim round costs a write
-        # transaction, so it runs when a submission said so, or on a poll (another process).
+        # Whether steps may be waiting, per lane kind: a claim round costs a write
+        # transaction, so it runs when a submission or a freed slot said so, or on a poll
+        # (a step submitted through another process).
         self._control_hint = True
+        self._pool_hint = True
         self.prices = prices
         self.pools = pools
         self.writer = writer
@@ -85,8 +87,11 @@ class Dispatcher:
             await asyncio.wait(tasks, timeout=grace_s)
 
     def wake(self, *, control: bool = False) -> None:
+        """Run a round soon: for the control lane (``control``), else for the pools."""
         if control:
             self._control_hint = True
+        else:
+            self._pool_hint = True
         self._wake.set()
 
     def cancel(self, step_id: str) -> bool:
@@ -101,7 +106,7 @@ class Dispatcher:
             try:
                 await asyncio.wait_for(self._wake.wait(), self.poll_s)
             except TimeoutError:
-                self._control_hint = True
+                self._control_hint = self._pool_hint = True
             self._wake.clear()
             if self._stopping:
                 return
@@ -116,7 +121,9 @@ class Dispatcher:
 
     async def dispatch_once(self) -> int:
         started = 0
-        for pool in self.pools.pools.values():
+        pools = list(self.pools.pools.values()) if self._pool_hint else []
+        self._pool_hint = False
+        for pool in pools:
             while (free := pool.free_slots) > 0:
                 claimed: list[tuple[ClaimedStep, Replica]] = []
                 try:
@@ -172,9 +179,10 @@ class Dispatcher:
         self.executions.pop(execution.step_id, None)
         if execution.pool is not None and execution.replica is not None:
             execution.pool.release(execution.replica)
+            self.wake()
         else:
             self._control_running -= 1
-        self.wake()
+            self.wake(control=True)
 
     async def _poll_cancels(self) -> None:
         local = [sid for sid, e in self.executions.items() if not e.cancel_event.is_set()]

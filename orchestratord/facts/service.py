@@ -8,13 +8,14 @@ import sqlalchemy as sa
 from jsonschema import Draft202012Validator
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from contracts.events import FactEvent
 from contracts.records import CheckpointCreate, FactCreate
 from orchestrator_core import clock
 from orchestrator_core.canonical import normalize, sha256_of
 from orchestrator_core.errors import InvalidParams, NotFound
 from orchestrator_core.policy import PolicySubject, redact_json
 from orchestratord.db.models import Checkpoint, Fact, Flow, Run, Step
-from orchestratord.eventlog import make_event
+from orchestratord.eventlog import log_event
 from orchestratord.policies import policy_of
 from orchestratord.runs.service import get_run
 from orchestratord.tx import Tx
@@ -63,18 +64,17 @@ async def emit_fact(tx: Tx, *, run_id: str, body: FactCreate) -> Fact:
     await session.flush()
     await tx.append_events(
         [
-            make_event(
+            log_event(
                 run_id,
                 None,
                 None,
-                "fact",
-                {
-                    "fact_id": fact.fact_id,
-                    "fact_type": fact.type,
-                    "data": data,
-                    "schema_uri": fact.schema_uri,
-                    "emitted_by_step": fact.emitted_by_step,
-                },
+                FactEvent(
+                    fact_id=fact.fact_id,
+                    fact_type=fact.type,
+                    data=data,
+                    schema_uri=fact.schema_uri,
+                    emitted_by_step=fact.emitted_by_step,
+                ),
             )
         ]
     )
