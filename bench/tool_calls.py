@@ -29,6 +29,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.relay import PgDatabase, Server, free_port, server_env
+from bench.replay import follow
 
 ECHO = {
     "name": "echo",
@@ -36,15 +37,6 @@ ECHO = {
     "parameters": {"type": "object", "properties": {"n": {"type": "integer"}}},
     "executor": {"kind": "builtin", "name": "echo"},
 }
-
-
-async def follow(client: httpx.AsyncClient, step_id: str) -> str:
-    last = ""
-    async with client.stream("GET", f"/v1/steps/{step_id}/stream") as r:
-        async for line in r.aiter_lines():
-            if line.startswith("event: "):
-                last = line[7:]
-    return last
 
 
 async def one_client(

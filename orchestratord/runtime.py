@@ -8,9 +8,8 @@ from collections.abc import AsyncIterator, Coroutine
 from contextlib import asynccontextmanager
 from typing import Any
 
-from orchestrator_core.breakers import BreakerBoard
-
 from orchestrator_core.admission import AdmissionPolicy
+from orchestrator_core.breakers import BreakerBoard
 from orchestratord.db.engine import Database
 from orchestratord.db.migrate import upgrade
 from orchestratord.dispatcher import Dispatcher, recover_orphans
@@ -80,8 +79,8 @@ class Orchestrator:
                     max_connections=tools.max_connections,
                 )
             ),
-            tool_breakers=BreakerBoard(breakers.tool_config()),
-            engine_breakers=BreakerBoard(breakers.engine_config()),
+            tool_breakers=BreakerBoard(breakers.config(breakers.tool_failures)),
+            engine_breakers=BreakerBoard(breakers.config(breakers.engine_failures)),
         )
         self.dispatcher = Dispatcher(
             self.db,

@@ -8,9 +8,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from orchestrator_core.breakers import BreakerConfig
 from pydantic import BaseModel, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from orchestrator_core.breakers import BreakerConfig
 
 
 class SimSettings(BaseModel):
@@ -90,18 +91,9 @@ class BreakerSettings(BaseModel):
     )
     half_open_calls: int = Field(default=1, ge=1, description="Trial calls while half-open")
 
-    def tool_config(self) -> BreakerConfig:
+    def config(self, failures: int) -> BreakerConfig:
         return BreakerConfig(
-            failure_threshold=self.tool_failures,
-            open_s=self.open_s,
-            half_open_max_calls=self.half_open_calls,
-        )
-
-    def engine_config(self) -> BreakerConfig:
-        return BreakerConfig(
-            failure_threshold=self.engine_failures,
-            open_s=self.open_s,
-            half_open_max_calls=self.half_open_calls,
+            failure_threshold=failures, open_s=self.open_s, half_open_max_calls=self.half_open_calls
         )
 
 

@@ -16,7 +16,6 @@ import orjson
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from orchestrator_core import clock
 from orchestrator_core.errors import NotFound
 from orchestrator_core.lifecycle import StepStatus
 from orchestrator_core.replay import (
@@ -29,6 +28,7 @@ from orchestrator_core.replay import (
 from orchestratord.db.engine import Database
 from orchestratord.db.models import Event, Fact, Run, Step
 from orchestratord.eventlog import LogEvent
+from orchestratord.facts.rows import fact_row
 from orchestratord.pools.registry import PoolRegistry
 from orchestratord.runs.ledger import settle
 from orchestratord.steps.transition import transition
@@ -143,14 +143,12 @@ async def _copy_facts(session: AsyncSession, *, step: Step, recorded: Step) -> N
     ).scalars()
     for fact in rows.all():
         session.add(
-            Fact(
-                fact_id=clock.new_id("fact"),
+            fact_row(
                 run_id=step.run_id,
                 type=fact.type,
-                schema_uri=fact.schema_uri,
                 data=fact.data,
                 emitted_by_step=step.step_id,
-                created_at=clock.now(),
+                schema_uri=fact.schema_uri,
             )
         )
 

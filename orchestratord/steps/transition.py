@@ -15,8 +15,9 @@ from contracts.events import EndEvent, ErrorEvent, StartedEvent
 from orchestrator_core import clock
 from orchestrator_core.event_order import EventOrder, EventType
 from orchestrator_core.lifecycle import RunStatus, StepStatus, check_step_transition
-from orchestratord.db.models import Event, Fact, Run, Step
+from orchestratord.db.models import Event, Run, Step
 from orchestratord.eventlog import Finalizer, log_event
+from orchestratord.facts.rows import fact_row
 from orchestratord.runs.ledger import settle
 from orchestratord.steps.ending import Ending
 from orchestratord.steps.queries import get_step
@@ -50,14 +51,12 @@ def ending_finalizer(step_id: str, ending: Ending) -> Finalizer:
         step.replay_outcome = ending.replay_outcome
         for fact in ending.facts:
             session.add(
-                Fact(
-                    fact_id=fact.fact_id,
+                fact_row(
                     run_id=step.run_id,
                     type=fact.type,
-                    schema_uri=None,
                     data=fact.data,
                     emitted_by_step=step.step_id,
-                    created_at=clock.now(),
+                    fact_id=fact.fact_id,
                 )
             )
         await settle(

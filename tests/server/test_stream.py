@@ -13,7 +13,15 @@ from orchestratord.runtime import Orchestrator
 from orchestratord.settings import Settings
 from test_harness.servers import serve_app
 from tests.conftest import make_settings
-from tests.helpers import SseEvent, make_run, parse_sse, read_stream, submit, wait_status
+from tests.helpers import (
+    SseEvent,
+    make_run,
+    parse_sse,
+    read_run_stream,
+    read_stream,
+    submit,
+    wait_status,
+)
 
 BODY = {"token", "tool_suggest", "fact", "metrics", "narration"}
 
@@ -172,14 +180,7 @@ async def test_run_stream_carries_steps_and_facts(live: httpx.AsyncClient) -> No
     b = (await submit(live, run_id, token="b", max_tokens=5)).json()["step_id"]
     await wait_status(live, b, "succeeded")
     expected = 7 + 1 + 7
-    got: list[SseEvent] = []
-    async with live.stream("GET", f"/v1/runs/{run_id}/stream") as r:
-        buf = ""
-        async for chunk in r.aiter_text():
-            buf += chunk
-            got, _ = parse_sse(buf)
-            if len(got) >= expected:
-                break
+    got = await read_run_stream(live, run_id, expected)
     assert [e.id for e in got] == [str(i) for i in range(expected)]
     assert [e.event for e in got][7] == "fact"
     assert got[7].data and got[7].data["data"] == {"x": 1}
