@@ -135,3 +135,20 @@ class ErrorEvent(EventBase):
     details: dict[str, Any]
     correlation_id: str | None = None
     provenance: Provenance | None = None
+
+
+class CheckpointEvent(EventBase):
+    """checkpoint steps: the state was stored with the server's cursors (before ``end``)."""
+
+    event_type: ClassVar[str] = "checkpoint"
+    checkpoint_id: str
+    state_hash: str
+    cursors: dict[str, Any]
+
+
+class RunEndEvent(EventBase):
+    """The run's last event: sent after its last step's terminal event; the stream closes."""
+
+    event_type: ClassVar[str] = "run_end"
+    run_id: str
+    status: str

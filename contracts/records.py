@@ -38,6 +38,9 @@ class CheckpointOut(Out):
     step_id: str | None
     state: dict[str, Any]
     state_hash: str
+    cursors: dict[str, Any] | None = Field(
+        default=None, description="last_fact_id, last_step_position, usage when it was taken"
+    )
     created_at: datetime
 
 

@@ -74,8 +74,22 @@ class RunOut(Out):
     fs_policy: dict[str, Any]
     cancel_on_disconnect: bool | None
     step_count: int
+    output: dict[str, Any] | None = Field(
+        default=None, description="what the interpreter gave when it completed the run"
+    )
+    ended_at: datetime | None = Field(
+        default=None, description="when its last step ended after it completed or was cancelled"
+    )
+    forked_from: dict[str, Any] | None = Field(
+        default=None, description="a fork: {run_id, checkpoint_id} it was made from"
+    )
     created_at: datetime
     updated_at: datetime
+
+
+class RunComplete(Strict):
+    status: Literal["succeeded", "failed"]
+    output: dict[str, Any] | None = None
 
 
 class CancelOut(Out):

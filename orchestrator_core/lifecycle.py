@@ -26,10 +26,12 @@ class RunStatus(StrEnum):
     RUNNING = "running"
     CANCELLING = "cancelling"
     CANCELLED = "cancelled"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
 
     @property
     def terminal(self) -> bool:
-        return self is RunStatus.CANCELLED
+        return self in (RunStatus.CANCELLED, RunStatus.SUCCEEDED, RunStatus.FAILED)
 
 
 _STEP_TERMINAL = frozenset({StepStatus.SUCCEEDED, StepStatus.FAILED, StepStatus.CANCELLED})
@@ -43,10 +45,20 @@ STEP_TRANSITIONS: dict[StepStatus, frozenset[StepStatus]] = {
 }
 
 RUN_TRANSITIONS: dict[RunStatus, frozenset[RunStatus]] = {
-    RunStatus.RUNNING: frozenset({RunStatus.CANCELLING, RunStatus.CANCELLED}),
+    RunStatus.RUNNING: frozenset(
+        {RunStatus.CANCELLING, RunStatus.CANCELLED, RunStatus.SUCCEEDED, RunStatus.FAILED}
+    ),
     RunStatus.CANCELLING: frozenset({RunStatus.CANCELLED}),
     RunStatus.CANCELLED: frozenset(),
+    RunStatus.SUCCEEDED: frozenset(),
+    RunStatus.FAILED: frozenset(),
 }
+
+
+class RunEnded(Conflict):
+    """The run has ended (or is ending): it takes no more steps or facts."""
+
+    code = "RUN_ENDED"
 
 
 def check_step_transition(current: StepStatus, target: StepStatus) -> None:
@@ -65,8 +77,8 @@ def check_run_transition(current: RunStatus, target: RunStatus) -> None:
         )
 
 
-def check_run_accepts_steps(status: RunStatus) -> None:
+def check_run_accepts_steps(status: RunStatus, what: str = "steps") -> None:
     if status is not RunStatus.RUNNING:
-        raise Conflict(
-            f"run is {status.value} and accepts no new steps", details={"status": status.value}
+        raise RunEnded(
+            f"run is {status.value} and accepts no new {what}", details={"status": status.value}
         )

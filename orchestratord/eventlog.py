@@ -33,7 +33,9 @@ from orchestratord.db.models import Event, Run
 
 log = logging.getLogger(__name__)
 
-Finalizer = Callable[[AsyncSession], Awaitable[None]]
+# A finalizer runs in the commit of its terminal event; events it returns (a run's
+# ``run_end``) are appended in the same transaction.
+Finalizer = Callable[[AsyncSession], Awaitable["list[LogEvent] | None"]]
 
 
 @dataclass(slots=True)
@@ -170,6 +172,22 @@ async def step_ended_before(db: Database, step_id: str, cursor: int) -> bool:
     return found is not None
 
 
+RUN_END = "run_end"
+
+
+async def run_ended_before(db: Database, run_id: str, cursor: int) -> bool:
+    """Whether the run's ``run_end`` has a run cursor below ``cursor``."""
+    async with db.read() as session:
+        found = (
+            await session.execute(
+                sa.select(Event.run_seq)
+                .where(Event.run_id == run_id, Event.run_seq < cursor, Event.type == RUN_END)
+                .limit(1)
+            )
+        ).first()
+    return found is not None
+
+
 @dataclass
 class _Batch:
     events: list[LogEvent] = field(default_factory=list)
@@ -282,11 +300,14 @@ class EventWriter:
     async def _commit(self, batch: _Batch) -> None:
         for attempt in range(self._retries + 1):
             try:
+                extra: list[LogEvent] = []
                 async with self.db.write() as session:
                     if batch.events:
                         await insert_events(session, batch.events)
                     for _, finalizer in batch.finalizers:
-                        await finalizer(session)
+                        extra.extend(await finalizer(session) or ())
+                    if extra:
+                        await insert_events(session, extra)
                 break
             except Exception as exc:
                 if attempt == self._retries:
@@ -295,7 +316,7 @@ class EventWriter:
                     return
                 await asyncio.sleep(0.05 * 2**attempt)
         self.commits += 1
-        self._publish(batch.events)
+        self._publish(batch.events + extra if extra else batch.events)
         for _, fut in batch.waiters:
             if not fut.done():
                 fut.set_result(None)

@@ -18,6 +18,8 @@ class Tx:
 
     async def append_events(self, events: list[LogEvent]) -> None:
         """Write events now; they are published to followers after commit."""
+        if not events:
+            return
         await insert_events(self.session, events)
         self.events.extend(events)
 

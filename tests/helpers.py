@@ -96,13 +96,13 @@ async def wait_status(client: httpx.AsyncClient, step_id: str, *wanted: str) -> 
 
 
 async def read_run_stream(live: httpx.AsyncClient, run_id: str, count: int) -> list[SseEvent]:
-    """The first ``count`` events of a run's stream (it stays open: read, then leave)."""
+    """The first ``count`` events of a run's stream (open until the run ends: read, leave)."""
     got: list[SseEvent] = []
     async with live.stream("GET", f"/v1/runs/{run_id}/stream") as r:
         buf = ""
         async for chunk in r.aiter_text():
             buf += chunk
-            got, _ = parse_sse(buf)
+            got, _ = parse_sse(buf[: buf.rfind("\n\n") + 2])  # whole events only
             if len(got) >= count:
                 break
     return got

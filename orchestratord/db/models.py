@@ -78,6 +78,10 @@ class Run(Base):
     step_count: Mapped[int] = mapped_column(sa.Integer, default=0)
     # Next run-level event cursor; bumped under the row lock so cursors follow commit order.
     event_seq: Mapped[int] = mapped_column(sa.BigInteger, default=0)
+    # The interpreter's last word (``complete``) and when the run ended, for any end.
+    output: Mapped[dict[str, Any] | None] = mapped_column(Json, nullable=True)
+    ended_at: Mapped[datetime | None] = mapped_column(Ts, nullable=True)
+    forked_from: Mapped[dict[str, Any] | None] = mapped_column(Json, nullable=True)
     created_at: Mapped[datetime] = mapped_column(Ts)
     updated_at: Mapped[datetime] = mapped_column(Ts)
 
@@ -169,4 +173,6 @@ class Checkpoint(Base):
     step_id: Mapped[str | None] = mapped_column(sa.String(40))
     state: Mapped[dict[str, Any]] = mapped_column(Json)
     state_hash: Mapped[str] = mapped_column(sa.String(80))
+    # The server's side when it was taken: last fact, last step position, budget usage.
+    cursors: Mapped[dict[str, Any] | None] = mapped_column(Json, nullable=True)
     created_at: Mapped[datetime] = mapped_column(Ts)

@@ -40,6 +40,26 @@ async def list_facts(
     return out
 
 
+@router.get("/v1/flows/{flow_id}/facts", response_model=list[FactOut], tags=["facts"])
+async def list_flow_facts(
+    flow_id: str,
+    response: Response,
+    type: str | None = Query(default=None, description="only facts of this type"),
+    after: str | None = Query(default=None, description="a fact_id: list the facts after it"),
+    limit: int = Query(default=100, ge=1, le=1000),
+    orch: Orchestrator = Depends(orchestrator),
+) -> list[FactOut]:
+    """Facts of every run of the flow, in append order; paged as a run's facts are."""
+    async with orch.db.read() as session:
+        facts = await repo.list_flow_facts(
+            session, flow_id=flow_id, fact_type=type, after=after, limit=limit
+        )
+        out = [FactOut.model_validate(f, from_attributes=True) for f in facts]
+    if len(out) == limit:
+        response.headers["X-Next-After"] = out[-1].fact_id
+    return out
+
+
 @router.post(
     "/v1/runs/{run_id}/checkpoint",
     status_code=201,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import sqlalchemy as sa
 from jsonschema import Draft202012Validator
@@ -13,9 +14,11 @@ from contracts.records import CheckpointCreate, FactCreate
 from orchestrator_core import clock
 from orchestrator_core.canonical import normalize, sha256_of
 from orchestrator_core.errors import InvalidParams, NotFound
+from orchestrator_core.lifecycle import RunStatus, check_run_accepts_steps
 from orchestrator_core.policy import PolicySubject, redact_json
 from orchestratord.db.models import Checkpoint, Fact, Flow, Run, Step
 from orchestratord.eventlog import log_event
+from orchestratord.flows.service import get_flow
 from orchestratord.policies import policy_of
 from orchestratord.runs.service import get_run
 from orchestratord.tx import Tx
@@ -28,6 +31,7 @@ async def emit_fact(tx: Tx, *, run_id: str, body: FactCreate) -> Fact:
     """
     session = tx.session
     run = await get_run(session, run_id=run_id)
+    check_run_accepts_steps(RunStatus(run.status), "facts")
     flow = await session.get(Flow, run.flow_id)
     schema = (flow.config.get("fact_schemas") or {}).get(body.type) if flow else None
     data = normalize(body.data, "data")
@@ -85,17 +89,35 @@ async def list_facts(
     session: AsyncSession, *, run_id: str, fact_type: str | None, after: str | None, limit: int
 ) -> Sequence[Fact]:
     await get_run(session, run_id=run_id)
-    stmt = sa.select(Fact).where(Fact.run_id == run_id)
+    return await _page(session, Fact.run_id == run_id, "run", fact_type, after, limit)
+
+
+async def list_flow_facts(
+    session: AsyncSession, *, flow_id: str, fact_type: str | None, after: str | None, limit: int
+) -> Sequence[Fact]:
+    """The facts of every run of a flow, in append order."""
+    await get_flow(session, flow_id=flow_id)
+    runs = sa.select(Run.run_id).where(Run.flow_id == flow_id).scalar_subquery()
+    return await _page(session, Fact.run_id.in_(runs), "flow", fact_type, after, limit)
+
+
+async def _page(
+    session: AsyncSession,
+    scope: Any,
+    scope_name: str,
+    fact_type: str | None,
+    after: str | None,
+    limit: int,
+) -> Sequence[Fact]:
+    stmt = sa.select(Fact).where(scope)
     if fact_type is not None:
         stmt = stmt.where(Fact.type == fact_type)
     if after is not None:
         anchor = (
-            await session.execute(
-                sa.select(Fact.id).where(Fact.fact_id == after, Fact.run_id == run_id)
-            )
+            await session.execute(sa.select(Fact.id).where(Fact.fact_id == after, scope))
         ).scalar_one_or_none()
         if anchor is None:
-            raise InvalidParams("no fact with this id in the run", field="query.after")
+            raise InvalidParams(f"no fact with this id in the {scope_name}", field="query.after")
         stmt = stmt.where(Fact.id > anchor)
     return (await session.execute(stmt.order_by(Fact.id).limit(limit))).scalars().all()
 
@@ -109,12 +131,14 @@ async def create_checkpoint(
         if step is None or step.run_id != run_id:
             raise InvalidParams("no step with this id in the run", field="step_id")
     state = normalize(body.state, "state")
+    cursors = await cursors_in(session, run_id, position=None)
     cp = Checkpoint(
         checkpoint_id=clock.new_id("ckpt"),
         run_id=run_id,
         step_id=body.step_id,
         state=state,
         state_hash=sha256_of(state),
+        cursors=cursors,
         created_at=clock.now(),
     )
     session.add(cp)
@@ -136,3 +160,23 @@ async def list_checkpoints(session: AsyncSession, *, run_id: str) -> Sequence[Ch
         .scalars()
         .all()
     )
+
+
+async def cursors_in(session: AsyncSession, run_id: str, *, position: int | None) -> dict[str, Any]:
+    """Where the run stands: its last fact, the last step position (``position``, else the
+    last step submitted), its budget usage."""
+    last_fact = (
+        await session.execute(
+            sa.select(Fact.fact_id).where(Fact.run_id == run_id).order_by(Fact.id.desc()).limit(1)
+        )
+    ).scalar_one_or_none()
+    run = await get_run(session, run_id=run_id)
+    return {
+        "last_fact_id": last_fact,
+        "last_step_position": run.step_count - 1 if position is None else position,
+        "usage": {
+            "tokens_in": run.tokens_in_used,
+            "tokens_out": run.tokens_out_used,
+            "cost_usd": run.cost_used_usd,
+        },
+    }

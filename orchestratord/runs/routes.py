@@ -1,9 +1,9 @@
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, Response
+from fastapi import APIRouter, Depends, Query, Response
 
 from contracts.replay import ReplayReport
-from contracts.runs import CancelOut, RunCreate, RunOut
+from contracts.runs import CancelOut, RunComplete, RunCreate, RunOut
 from contracts.steps import StepOut
 from orchestrator_core.errors import InvalidParams
 from orchestratord.api.budget_headers import set_budget_headers
@@ -41,6 +41,35 @@ async def get_run(
     async with orch.db.read() as session:
         run = await repo.get_run(session, run_id=run_id)
         set_budget_headers(response, run)
+        return RunOut.model_validate(repo.run_view(run))
+
+
+@router.get("/v1/runs", response_model=list[RunOut])
+async def list_runs(
+    response: Response,
+    flow_id: str | None = Query(default=None, description="only runs of this flow"),
+    status: str | None = Query(default=None, description="only runs in this status"),
+    after: str | None = Query(default=None, description="a run_id: list the runs older than it"),
+    limit: int = Query(default=100, ge=1, le=1000),
+    orch: Orchestrator = Depends(orchestrator),
+) -> list[RunOut]:
+    """Newest first; with ``limit`` full, ``X-Next-After`` is the ``after`` of the next page."""
+    async with orch.db.read() as session:
+        runs = await repo.list_runs(
+            session, flow_id=flow_id, status=status, after=after, limit=limit
+        )
+        out = [RunOut.model_validate(repo.run_view(r)) for r in runs]
+    if len(out) == limit:
+        response.headers["X-Next-After"] = out[-1].run_id
+    return out
+
+
+@router.post("/v1/runs/{run_id}/complete", response_model=RunOut)
+async def complete_run(
+    run_id: str, body: RunComplete, orch: Orchestrator = Depends(orchestrator)
+) -> RunOut:
+    async with orch.tx() as tx:
+        run = await repo.complete_run(tx, run_id=run_id, body=body)
         return RunOut.model_validate(repo.run_view(run))
 
 

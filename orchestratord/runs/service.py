@@ -1,16 +1,17 @@
 from __future__ import annotations
 
 import secrets
+from collections.abc import Sequence
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from contracts.common import placement_to_json
-from contracts.runs import RunCreate
+from contracts.runs import RunComplete, RunCreate
 from orchestrator_core import clock
 from orchestrator_core.errors import InvalidParams, NotFound
-from orchestrator_core.lifecycle import RunStatus, StepStatus, check_run_transition
+from orchestrator_core.lifecycle import RunEnded, RunStatus, StepStatus, check_run_transition
 from orchestrator_core.placement import PoolView, validate_placement
 from orchestrator_core.policy import RulePolicy
 from orchestrator_core.replay import EngineIdentity
@@ -18,7 +19,7 @@ from orchestratord.db.models import Run, Step
 from orchestratord.flows.service import get_flow
 from orchestratord.prices import PriceBook
 from orchestratord.replay.runs import check_strict, inherited
-from orchestratord.steps.transition import end_unstarted
+from orchestratord.steps.transition import end_run, end_unstarted, live_steps
 from orchestratord.tx import Tx
 
 # Seeds the server picks fit in 32 bits, which every engine accepts.
@@ -134,6 +135,9 @@ def run_view(run: Run) -> dict[str, Any]:
                 "policy_hash",
                 "cancel_on_disconnect",
                 "step_count",
+                "output",
+                "ended_at",
+                "forked_from",
                 "created_at",
                 "updated_at",
             )
@@ -184,4 +188,52 @@ async def cancel_run(tx: Tx, *, run_id: str) -> tuple[str, list[str]]:
     check_run_transition(status, target)
     run.status = target.value
     run.updated_at = clock.now()
+    if target is RunStatus.CANCELLED:
+        await tx.append_events([end_run(run)])
     return run.status, running
+
+
+async def complete_run(tx: Tx, *, run_id: str, body: RunComplete) -> Run:
+    """The interpreter's last word: the run ends ``succeeded`` or ``failed`` and takes no more
+    steps or facts. Its ``run_end`` follows once no step of it is live. Repeating the same
+    request answers the same run (clients retry)."""
+    run = await get_run(tx.session, run_id=run_id, lock=True)
+    status, wanted = RunStatus(run.status), RunStatus(body.status)
+    if status is not RunStatus.RUNNING:
+        if status is wanted and run.output == body.output:
+            return run
+        raise RunEnded(
+            f"run is {status.value}: it cannot be completed as {wanted.value}",
+            details={"status": status.value},
+        )
+    check_run_transition(status, wanted)
+    run.status = wanted.value
+    run.output = body.output
+    run.updated_at = clock.now()
+    if await live_steps(tx.session, run_id) == 0:
+        await tx.append_events([end_run(run)])
+    return run
+
+
+async def list_runs(
+    session: AsyncSession,
+    *,
+    flow_id: str | None,
+    status: str | None,
+    after: str | None,
+    limit: int,
+) -> Sequence[Run]:
+    """Newest first (run ids sort by creation time); ``after`` is the last run id seen."""
+    stmt = sa.select(Run)
+    if flow_id is not None:
+        stmt = stmt.where(Run.flow_id == flow_id)
+    if status is not None:
+        if status not in {s.value for s in RunStatus}:
+            raise InvalidParams(
+                f"unknown status {status!r} (one of {', '.join(s.value for s in RunStatus)})",
+                field="query.status",
+            )
+        stmt = stmt.where(Run.status == status)
+    if after is not None:
+        stmt = stmt.where(Run.run_id < after)
+    return (await session.execute(stmt.order_by(Run.run_id.desc()).limit(limit))).scalars().all()

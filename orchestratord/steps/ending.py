@@ -23,6 +23,7 @@ class Ending:
     error: dict[str, Any] | None = None
     replay_outcome: str | None = None
     facts: list[NewFact] = field(default_factory=list)
+    rows: list[Any] = field(default_factory=list)  # other rows the step adds (checkpoints)
 
 
 @dataclass(frozen=True)

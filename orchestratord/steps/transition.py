@@ -11,12 +11,17 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from contracts.events import EndEvent, ErrorEvent, StartedEvent
+from contracts.events import EndEvent, ErrorEvent, RunEndEvent, StartedEvent
 from orchestrator_core import clock
 from orchestrator_core.event_order import EventOrder, EventType
-from orchestrator_core.lifecycle import RunStatus, StepStatus, check_step_transition
+from orchestrator_core.lifecycle import (
+    RunStatus,
+    StepStatus,
+    check_run_transition,
+    check_step_transition,
+)
 from orchestratord.db.models import Event, Run, Step
-from orchestratord.eventlog import Finalizer, log_event
+from orchestratord.eventlog import Finalizer, LogEvent, log_event
 from orchestratord.facts.rows import fact_row
 from orchestratord.runs.ledger import settle
 from orchestratord.steps.ending import Ending
@@ -39,7 +44,7 @@ def ending_finalizer(step_id: str, ending: Ending) -> Finalizer:
     """What commits with a step's terminal event: its status, output, usage, facts, and the
     settlement of its reservation."""
 
-    async def finalize(session: AsyncSession) -> None:
+    async def finalize(session: AsyncSession) -> list[LogEvent]:
         step = await get_step(session, step_id=step_id)
         transition(step, ending.status)
         step.output = ending.output
@@ -49,6 +54,7 @@ def ending_finalizer(step_id: str, ending: Ending) -> Finalizer:
         step.provenance = ending.provenance
         step.error = ending.error
         step.replay_outcome = ending.replay_outcome
+        session.add_all(ending.rows)
         for fact in ending.facts:
             session.add(
                 fact_row(
@@ -66,7 +72,7 @@ def ending_finalizer(step_id: str, ending: Ending) -> Finalizer:
             tokens_out=ending.tokens_out,
             cost_usd=ending.cost_usd,
         )
-        await settle_run_after_step(session, run_id=step.run_id)
+        return await settle_run_after_step(session, run_id=step.run_id)
 
     return finalize
 
@@ -104,7 +110,7 @@ async def end_unstarted(
     )
     await tx.append_events([started, last])
     await settle(tx.session, step=step, tokens_in=0, tokens_out=0, cost_usd=0.0)
-    await settle_run_after_step(tx.session, run_id=step.run_id)
+    await tx.append_events(await settle_run_after_step(tx.session, run_id=step.run_id))
 
 
 async def cancel_step(tx: Tx, *, step_id: str) -> tuple[str, bool]:
@@ -120,28 +126,44 @@ async def cancel_step(tx: Tx, *, step_id: str) -> tuple[str, bool]:
     return "cancelling", True
 
 
-async def settle_run_after_step(session: AsyncSession, *, run_id: str) -> None:
-    """A cancelling run becomes cancelled when its last live step has ended."""
+async def live_steps(session: AsyncSession, run_id: str) -> int:
+    return int(
+        (
+            await session.execute(
+                sa.select(sa.func.count())
+                .select_from(Step)
+                .where(
+                    Step.run_id == run_id,
+                    Step.status.in_([StepStatus.QUEUED.value, StepStatus.RUNNING.value]),
+                )
+            )
+        ).scalar_one()
+    )
+
+
+async def settle_run_after_step(session: AsyncSession, *, run_id: str) -> list[LogEvent]:
+    """After a step's end: a cancelling run becomes cancelled, and a run that was completed
+    or cancelled ends (``run_end``, returned to be appended) once no step of it is live."""
     run = (
         await session.execute(
             sa.select(Run).where(Run.run_id == run_id).with_for_update(key_share=True)
         )
     ).scalar_one()
-    if run.status != RunStatus.CANCELLING.value:
-        return
-    live = (
-        await session.execute(
-            sa.select(sa.func.count())
-            .select_from(Step)
-            .where(
-                Step.run_id == run_id,
-                Step.status.in_([StepStatus.QUEUED.value, StepStatus.RUNNING.value]),
-            )
-        )
-    ).scalar_one()
-    if live == 0:
+    status = RunStatus(run.status)
+    if status is RunStatus.RUNNING or run.ended_at is not None:
+        return []
+    if await live_steps(session, run_id) > 0:
+        return []
+    if status is RunStatus.CANCELLING:
+        check_run_transition(status, RunStatus.CANCELLED)
         run.status = RunStatus.CANCELLED.value
-        run.updated_at = clock.now()
+    return [end_run(run)]
+
+
+def end_run(run: Run) -> LogEvent:
+    """Mark a run whose work is over as ended; its ``run_end`` event, to append."""
+    run.ended_at = run.updated_at = clock.now()
+    return log_event(run.run_id, None, None, RunEndEvent(run_id=run.run_id, status=run.status))
 
 
 async def end_interrupted(tx: Tx, *, step: Step, message: str) -> None:
@@ -182,4 +204,4 @@ async def end_interrupted(tx: Tx, *, step: Step, message: str) -> None:
     step.error = body
     step.tokens_out = tokens
     await settle(session, step=step, tokens_in=0, tokens_out=tokens, cost_usd=0.0)
-    await settle_run_after_step(session, run_id=step.run_id)
+    await tx.append_events(await settle_run_after_step(session, run_id=step.run_id))

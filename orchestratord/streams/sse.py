@@ -10,9 +10,11 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 from orchestratord.eventlog import (
+    RUN_END,
     LogEvent,
     read_run_events,
     read_step_events,
+    run_ended_before,
     step_ended_before,
 )
 from orchestratord.runtime import Orchestrator
@@ -54,7 +56,7 @@ async def _follow(
             yield encode_frames(events, run_cursor=run_cursor)
             last = events[-1]
             cursor = (last.run_seq if run_cursor else (last.seq or 0)) + 1
-            if not run_cursor and last.terminal:
+            if last.terminal if not run_cursor else last.type == RUN_END:
                 state["ended"] = True
                 return
             continue
@@ -99,6 +101,9 @@ async def follow_run(orch: Orchestrator, run_id: str, from_run_seq: int) -> Asyn
     async def read(cursor: int, limit: int) -> list[LogEvent]:
         return await read_run_events(orch.db, run_id, cursor, limit)
 
+    async def ended_before(cursor: int) -> bool:
+        return await run_ended_before(orch.db, run_id, cursor)
+
     try:
         async for chunk in _follow(
             channel,
@@ -108,6 +113,7 @@ async def follow_run(orch: Orchestrator, run_id: str, from_run_seq: int) -> Asyn
             batch=settings.read_batch,
             poll_s=settings.poll_s,
             state={"ended": False},
+            ended_before=ended_before,
         ):
             yield chunk
     finally:

@@ -32,6 +32,8 @@ STEP_ALLOWED = {
 RUN_ALLOWED = {
     (R.RUNNING, R.CANCELLING),
     (R.RUNNING, R.CANCELLED),
+    (R.RUNNING, R.SUCCEEDED),
+    (R.RUNNING, R.FAILED),
     (R.CANCELLING, R.CANCELLED),
 }
 
@@ -53,7 +55,13 @@ def test_status_values() -> None:
         "failed",
         "cancelled",
     ]
-    assert [s.value for s in RunStatus] == ["running", "cancelling", "cancelled"]
+    assert [s.value for s in RunStatus] == [
+        "running",
+        "cancelling",
+        "cancelled",
+        "succeeded",
+        "failed",
+    ]
     assert StepStatus("running") is StepStatus.RUNNING
     assert RunStatus("cancelling") is RunStatus.CANCELLING
 
@@ -122,7 +130,13 @@ def test_step_terminal_flag(status: StepStatus, terminal: bool) -> None:
 
 @pytest.mark.parametrize(
     ("status", "terminal"),
-    [(R.RUNNING, False), (R.CANCELLING, False), (R.CANCELLED, True)],
+    [
+        (R.RUNNING, False),
+        (R.CANCELLING, False),
+        (R.CANCELLED, True),
+        (R.SUCCEEDED, True),
+        (R.FAILED, True),
+    ],
 )
 def test_run_terminal_flag(status: RunStatus, terminal: bool) -> None:
     assert status.terminal is terminal
@@ -162,10 +176,12 @@ def test_run_accepts_steps_only_while_running() -> None:
     check_run_accepts_steps(R.RUNNING)
 
 
-@pytest.mark.parametrize("status", [R.CANCELLING, R.CANCELLED], ids=lambda s: s.value)
+@pytest.mark.parametrize(
+    "status", [R.CANCELLING, R.CANCELLED, R.SUCCEEDED, R.FAILED], ids=lambda s: s.value
+)
 def test_run_refuses_steps_unless_running(status: RunStatus) -> None:
     with pytest.raises(Conflict) as info:
         check_run_accepts_steps(status)
-    assert info.value.code == "CONFLICT"
+    assert info.value.code == "RUN_ENDED"
     assert info.value.details == {"status": status.value}
     assert status.value in info.value.message

@@ -88,7 +88,7 @@ async def test_cancel_run(live: httpx.AsyncClient, orch: Orchestrator) -> None:
     assert run["status"] == "cancelled"
     refused = await submit(live, run_id, token="late")
     assert refused.status_code == 409
-    assert refused.json()["code"] == "CONFLICT"
+    assert refused.json()["code"] == "RUN_ENDED"
     again = await live.post(f"/v1/runs/{run_id}/cancel")
     assert again.json()["status"] == "cancelled"
 

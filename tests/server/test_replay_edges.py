@@ -197,7 +197,7 @@ async def test_replay_waits_for_nothing_when_the_run_is_cancelled(
     replay = await _replay(live, flow_id, source, "replay")
     await live.post(f"/v1/runs/{replay}/cancel")
     r = await submit(live, replay, "t0", "prompt 0", max_tokens=8)
-    assert r.status_code == 409 and r.json()["code"] == "CONFLICT"
+    assert r.status_code == 409 and r.json()["code"] == "RUN_ENDED"
     await asyncio.sleep(0)
 
 

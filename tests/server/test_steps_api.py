@@ -194,7 +194,6 @@ async def test_bad_step_body_names_field(
     [
         ("fs_op", {"op": "read", "path": "a.txt"}),
         ("gate_eval", {"expr": "true"}),
-        ("checkpoint", {"state": {}}),
     ],
 )
 async def test_step_types_not_served_yet_answer_a_clear_error(

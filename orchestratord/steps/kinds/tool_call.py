@@ -20,19 +20,13 @@ from typing import Any, ClassVar
 from pydantic import BaseModel
 
 from contracts.events import (
-    EndEvent,
-    ErrorEvent,
     FactEvent,
     NarrationEvent,
-    Provenance,
-    StartedEvent,
 )
 from contracts.steps import ToolCallInput
 from orchestrator_core import clock
-from orchestrator_core.canonical import sha256_of
 from orchestrator_core.errors import CircuitOpen, InvalidParams, ToolError
 from orchestrator_core.generation import LlmInput
-from orchestrator_core.lifecycle import StepStatus
 from orchestrator_core.policy import PolicySubject, redact_json
 from orchestrator_core.replay import StepKey
 from orchestrator_core.tools import check_args
@@ -41,10 +35,9 @@ from orchestratord.db.models import Flow
 from orchestratord.policies import policy_of
 from orchestratord.steps.ending import Ending, NewFact
 from orchestratord.steps.kinds.base import StepContext
+from orchestratord.steps.kinds.control import ControlRun, input_key
 from orchestratord.tools.errors import ToolFailure
 from orchestratord.tools.executors import ToolInvocation
-
-_NO_PARAMS = sha256_of({})
 
 
 def find_tool(flow: Flow, name: str) -> dict[str, Any] | None:
@@ -111,13 +104,7 @@ class ToolCall:
         return None
 
     def replay_key(self, stored: dict[str, Any], seed: int) -> StepKey:
-        return StepKey(
-            type=self.step_type,
-            prompt_hash=sha256_of({"tool": stored["tool"], "args": stored["args"]}),
-            params_hash=_NO_PARAMS,
-            model=None,
-            seed=seed,
-        )
+        return input_key(self.step_type, {"tool": stored["tool"], "args": stored["args"]}, seed)
 
     async def execute(self, ctx: StepContext) -> Ending:
         step, run = ctx.step, ctx.run
@@ -134,53 +121,19 @@ class ToolCall:
             request_id=step.step_id,
         )
         target = executors.target_of(invocation)
-        key = self.replay_key(step.input, run.seed)
-        provenance: dict[str, Any] = {
-            "seed": run.seed,
-            "prompt_hash": key.prompt_hash,
-            "params_hash": key.params_hash,
-            "engine": f"tool:{tool['executor']['kind']}",
-            "engine_version": None,
-            "model_hash": None,
-            "pool_id": None,
-            "replica_id": None,
-            "tool": name,
-            "target": target,
-            "policy_hash": run.policy_hash,
-            "price_table": run.price_table,
-        }
-        ctx.emit(
-            StartedEvent(
-                **{k: provenance[k] for k in ("seed", "prompt_hash", "params_hash", "engine")},
-                engine_version=None,
-                model_hash=None,
-                pool_id=None,
-                replica_id=None,
-                tool=name,
-                target=target,
-                policy_hash=run.policy_hash,
-                price_table=run.price_table,
-                replay_of=step.replay_of,
-            )
+        control = ControlRun(
+            ctx,
+            self.replay_key(step.input, run.seed),
+            f"tool:{tool['executor']['kind']}",
+            tool=name,
+            target=target,
         )
-        started = clock.clock.monotonic()
-
-        def done(**extra: Any) -> dict[str, Any]:
-            elapsed_ms = round((clock.clock.monotonic() - started) * 1000, 3)
-            return {
-                **provenance,
-                "tokens_in": 0,
-                "tokens_out": 0,
-                "cost_usd": 0.0,
-                "decode_time_ms": elapsed_ms,
-                **extra,
-            }
-
+        empty = {"result": None}
         breaker = ctx.services.tool_breakers.get(target)
         try:
             permit = breaker.before_call()
         except CircuitOpen as exc:
-            return _failed(exc.body(), done())
+            return control.failed(exc.body(), empty)
         if permit.transition is not None:
             ctx.emit_escalation(permit.transition)
 
@@ -202,13 +155,8 @@ class ToolCall:
                     f"tool {name} did not answer within the step's wall budget",
                     details={"tool": name, "target": target, "reason": "budget"},
                 ).body()
-                return _failed(body, done())
-            return Ending(
-                status=StepStatus.CANCELLED,
-                event=EndEvent(stop_reason="cancelled", tokens_in=0, tokens_out=0, provenance=None),
-                output={"result": None, "stop_reason": "cancelled"},
-                provenance=done(),
-            )
+                return control.failed(body, empty)
+            return control.cancelled(empty)
         try:
             result = call.result()
         except ToolFailure as failure:
@@ -221,7 +169,7 @@ class ToolCall:
                 details={"tool": name, "target": target, **failure.details()},
                 retriable=failure.retriable,
             ).body()
-            return _failed(body, done())
+            return control.failed(body, empty)
         transition = permit.success()
         if transition is not None:
             ctx.emit_escalation(transition)
@@ -242,24 +190,4 @@ class ToolCall:
                 emitted_by_step=step.step_id,
             )
         )
-        final = done()
-        return Ending(
-            status=StepStatus.SUCCEEDED,
-            event=EndEvent(
-                stop_reason="eos", tokens_in=0, tokens_out=0, provenance=Provenance(**final)
-            ),
-            output={"result": result, "stop_reason": "eos"},
-            provenance=final,
-            facts=[fact],
-        )
-
-
-def _failed(body: dict[str, Any], provenance: dict[str, Any]) -> Ending:
-    full = {**body, "correlation_id": None, "provenance": provenance}
-    return Ending(
-        status=StepStatus.FAILED,
-        event=ErrorEvent(**full),
-        output={"result": None, "stop_reason": None},
-        provenance=provenance,
-        error=full,
-    )
+        return control.succeeded({"result": result}, facts=[fact])

@@ -1,0 +1,71 @@
+"""``checkpoint``: the interpreter's state stored with the server's cursors.
+
+The cursors say where the run stood when the state was taken: the last fact appended, the
+position of this step (every step before it was submitted), and the budget usage. A
+``checkpoint`` event precedes ``end``; the output is ``{checkpoint_id, state_hash}``. A
+replay serves the recorded output (the checkpoint of the record) when the state hashes equal.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from pydantic import BaseModel
+
+from contracts.events import CheckpointEvent
+from contracts.steps import CheckpointInput
+from orchestrator_core import clock
+from orchestrator_core.canonical import normalize, sha256_of
+from orchestrator_core.generation import LlmInput
+from orchestrator_core.policy import PolicySubject
+from orchestrator_core.replay import StepKey
+from orchestratord.db.models import Checkpoint, Flow
+from orchestratord.facts.service import cursors_in
+from orchestratord.steps.ending import Ending
+from orchestratord.steps.kinds.base import StepContext
+from orchestratord.steps.kinds.control import ControlRun, input_key
+
+
+class CheckpointStep:
+    step_type: ClassVar[str] = "checkpoint"
+    input_model: ClassVar[type[BaseModel]] = CheckpointInput
+    engine: ClassVar[bool] = False
+
+    def normalize(self, parsed: Any, *, flow: Flow, field: str) -> dict[str, Any]:
+        assert isinstance(parsed, CheckpointInput)
+        return {"state": normalize(parsed.state, f"{field}.state")}
+
+    def subject(
+        self, stored: dict[str, Any], *, model: str | None, pool: str | None
+    ) -> PolicySubject:
+        return PolicySubject(step_type=self.step_type)
+
+    def llm_input(self, stored: dict[str, Any]) -> LlmInput | None:
+        return None
+
+    def replay_key(self, stored: dict[str, Any], seed: int) -> StepKey:
+        return input_key(self.step_type, stored["state"], seed)
+
+    async def execute(self, ctx: StepContext) -> Ending:
+        step = ctx.step
+        control = ControlRun(ctx, self.replay_key(step.input, ctx.run.seed), "checkpoint")
+        state = step.input["state"]
+        async with ctx.db.read() as session:
+            cursors = await cursors_in(session, step.run_id, position=step.position)
+        row = Checkpoint(
+            checkpoint_id=clock.new_id("ckpt"),
+            run_id=step.run_id,
+            step_id=step.step_id,
+            state=state,
+            state_hash=sha256_of(state),
+            cursors=cursors,
+            created_at=clock.now(),
+        )
+        ctx.emit(
+            CheckpointEvent(
+                checkpoint_id=row.checkpoint_id, state_hash=row.state_hash, cursors=cursors
+            )
+        )
+        return control.succeeded(
+            {"checkpoint_id": row.checkpoint_id, "state_hash": row.state_hash}, rows=[row]
+        )

@@ -1,0 +1,99 @@
+"""What the kinds that run in the control plane share: their provenance and endings."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from contracts.events import EndEvent, ErrorEvent, Provenance, StartedEvent
+from orchestrator_core import clock
+from orchestrator_core.canonical import sha256_of
+from orchestrator_core.lifecycle import StepStatus
+from orchestrator_core.replay import StepKey
+from orchestratord.db.models import Run, Step
+from orchestratord.steps.ending import Ending, NewFact
+from orchestratord.steps.kinds.base import StepContext
+
+NO_PARAMS = sha256_of({})
+
+
+def input_key(step_type: str, material: Any, seed: int) -> StepKey:
+    """A control-plane step's determinism inputs: the hash of its normalized input."""
+    return StepKey(
+        type=step_type,
+        prompt_hash=sha256_of(material),
+        params_hash=NO_PARAMS,
+        model=None,
+        seed=seed,
+    )
+
+
+class ControlRun:
+    """Provenance of one control-plane step, from ``started`` to its ending."""
+
+    def __init__(self, ctx: StepContext, key: StepKey, engine: str, **extra: Any) -> None:
+        self.ctx = ctx
+        run: Run = ctx.run
+        step: Step = ctx.step
+        self.base: dict[str, Any] = {
+            "seed": run.seed,
+            "prompt_hash": key.prompt_hash,
+            "params_hash": key.params_hash,
+            "engine": engine,
+            "engine_version": None,
+            "model_hash": None,
+            "pool_id": None,
+            "replica_id": None,
+            "policy_hash": run.policy_hash,
+            "price_table": run.price_table,
+            **extra,
+        }
+        self.started = clock.clock.monotonic()
+        ctx.emit(StartedEvent(**self.base, replay_of=step.replay_of))
+
+    def provenance(self) -> dict[str, Any]:
+        elapsed_ms = round((clock.clock.monotonic() - self.started) * 1000, 3)
+        return {
+            **self.base,
+            "tokens_in": 0,
+            "tokens_out": 0,
+            "cost_usd": 0.0,
+            "decode_time_ms": elapsed_ms,
+        }
+
+    def succeeded(
+        self,
+        output: dict[str, Any],
+        *,
+        facts: list[NewFact] | None = None,
+        rows: list[Any] | None = None,
+    ) -> Ending:
+        final = self.provenance()
+        return Ending(
+            status=StepStatus.SUCCEEDED,
+            event=EndEvent(
+                stop_reason="eos", tokens_in=0, tokens_out=0, provenance=Provenance(**final)
+            ),
+            output={**output, "stop_reason": "eos"},
+            provenance=final,
+            facts=facts or [],
+            rows=rows or [],
+        )
+
+    def failed(self, body: dict[str, Any], output: dict[str, Any]) -> Ending:
+        final = self.provenance()
+        full = {**body, "correlation_id": None, "provenance": final}
+        return Ending(
+            status=StepStatus.FAILED,
+            event=ErrorEvent(**full),
+            output={**output, "stop_reason": None},
+            provenance=final,
+            error=full,
+        )
+
+    def cancelled(self, output: dict[str, Any]) -> Ending:
+        return Ending(
+            status=StepStatus.CANCELLED,
+            event=EndEvent(stop_reason="cancelled", tokens_in=0, tokens_out=0, provenance=None),
+            output={**output, "stop_reason": "cancelled"},
+            provenance=self.provenance(),
+        )
