@@ -92,5 +92,9 @@ class RunComplete(Strict):
     output: dict[str, Any] | None = None
 
 
+class RunFork(Strict):
+    checkpoint_id: str = Field(min_length=1, description="a checkpoint of the run to fork")
+
+
 class CancelOut(Out):
     status: str

@@ -12,6 +12,7 @@ from contracts.steps import STEP_TYPES
 from orchestrator_core import errors as E
 from orchestrator_core.admission import AdmissionReject, QueueFullDropLru
 from orchestrator_core.budgets import BudgetExceeded
+from orchestrator_core.gates import GateExprInvalid
 from orchestrator_core.policy import PolicyDenied
 from orchestrator_core.pricing import Unpriced
 from orchestrator_core.replay import StrictReplayMismatch
@@ -35,6 +36,7 @@ STATUS: dict[type[E.OrchestratorError], int] = {
     E.ToolArgsInvalid: 422,
     E.ToolError: 502,
     E.CircuitOpen: 503,
+    GateExprInvalid: 422,
     E.Cancelled: 409,
 }
 _TAG_ERRORS = frozenset({"union_tag_invalid", "union_tag_not_found"})

@@ -3,13 +3,14 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends, Query, Response
 
 from contracts.replay import ReplayReport
-from contracts.runs import CancelOut, RunComplete, RunCreate, RunOut
+from contracts.runs import CancelOut, RunComplete, RunCreate, RunFork, RunOut
 from contracts.steps import StepOut
 from orchestrator_core.errors import InvalidParams
 from orchestratord.api.budget_headers import set_budget_headers
 from orchestratord.api.deps import orchestrator
 from orchestratord.replay.runs import replay_report
 from orchestratord.runs import service as repo
+from orchestratord.runs.forks import fork_run
 from orchestratord.runtime import Orchestrator
 from orchestratord.steps.queries import list_steps, step_view
 
@@ -70,6 +71,14 @@ async def complete_run(
 ) -> RunOut:
     async with orch.tx() as tx:
         run = await repo.complete_run(tx, run_id=run_id, body=body)
+        return RunOut.model_validate(repo.run_view(run))
+
+
+@router.post("/v1/runs/{run_id}/fork", status_code=201, response_model=RunOut)
+async def fork(run_id: str, body: RunFork, orch: Orchestrator = Depends(orchestrator)) -> RunOut:
+    """A new record run from a checkpoint: the facts up to it and the checkpoint itself."""
+    async with orch.tx() as tx:
+        run = await fork_run(tx, run_id=run_id, body=body)
         return RunOut.model_validate(repo.run_view(run))
 
 

@@ -1,4 +1,4 @@
-"""What step kinds share at run time: tool executors and circuit breakers.
+"""What step kinds share at run time: tool executors, circuit breakers, the live hub.
 
 Breaker state lives in this process (see ``orchestrator_core.breakers``)."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from orchestrator_core.breakers import BreakerBoard
-
+from orchestratord.streams.hub import Hub
 from orchestratord.tools.executors import ToolExecutors
 
 
@@ -16,6 +16,9 @@ class KindServices:
     tools: ToolExecutors
     tool_breakers: BreakerBoard
     engine_breakers: BreakerBoard
+    hub: Hub  # waiting gates follow their run's events
+    gate_timeout_s: float = 1.0
+    poll_s: float = 0.5  # how often a waiting gate re-reads for other processes' facts
 
     async def aclose(self) -> None:
         await self.tools.aclose()

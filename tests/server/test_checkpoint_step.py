@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import httpx
 
-from tests.helpers import make_flow, make_run, read_stream, submit, wait_status
+from tests.helpers import make_flow, make_run, read_run_stream, read_stream, submit, wait_status
 
 
 async def checkpoint(
@@ -68,3 +68,48 @@ async def test_replay_serves_a_recorded_checkpoint(client: httpx.AsyncClient) ->
     )
     missed = await checkpoint(client, r.json()["run_id"], {"k": 2})
     assert missed["error"]["code"] == "REPLAY_MISS"
+
+
+async def test_a_fork_starts_from_a_checkpoint(live: httpx.AsyncClient) -> None:
+    client = live
+    run_id = await make_run(client, seed=5, budgets={"max_tokens_out": 500})
+    for n in (1, 2):
+        await client.post(f"/v1/runs/{run_id}/facts", json={"type": "n", "data": n})
+    cp = await checkpoint(client, run_id, {"pc": 2})
+    await client.post(f"/v1/runs/{run_id}/facts", json={"type": "n", "data": 3})  # after it
+    r = await client.post(
+        f"/v1/runs/{run_id}/fork", json={"checkpoint_id": cp["output"]["checkpoint_id"]}
+    )
+    assert r.status_code == 201, r.text
+    fork = r.json()
+    assert fork["forked_from"] == {"run_id": run_id, "checkpoint_id": cp["output"]["checkpoint_id"]}
+    assert fork["mode"] == "record" and fork["seed"] == 5 and fork["status"] == "running"
+    assert fork["budgets"]["max_tokens_out"] == 500 and fork["step_count"] == 0
+    facts = (await client.get(f"/v1/runs/{fork['run_id']}/facts")).json()
+    assert [f["data"] for f in facts] == [1, 2]
+    cps = (await client.get(f"/v1/runs/{fork['run_id']}/checkpoints")).json()
+    assert [c["state"] for c in cps] == [{"pc": 2}]
+    assert cps[0]["cursors"]["last_fact_id"] == facts[-1]["fact_id"]
+    step = await wait_status(
+        client,
+        (await submit(client, fork["run_id"], token="s", max_tokens=3)).json()["step_id"],
+        "succeeded",
+    )
+    assert step["position"] == 0
+    parent = (await client.get(f"/v1/runs/{run_id}/facts")).json()
+    assert [f["data"] for f in parent] == [1, 2, 3]  # untouched
+    assert (await client.get(f"/v1/runs/{run_id}")).json()["step_count"] == 1
+    events = await read_run_stream(client, fork["run_id"], 2)
+    assert [(e.event, e.data["data"]) for e in events[:2] if e.data] == [("fact", 1), ("fact", 2)]
+
+
+async def test_a_fork_needs_a_checkpoint_of_its_run(client: httpx.AsyncClient) -> None:
+    a, b = await make_run(client), await make_run(client)
+    cp = await checkpoint(client, b, {"x": 1})
+    for body in ({"checkpoint_id": cp["output"]["checkpoint_id"]}, {"checkpoint_id": "ckpt_x"}):
+        r = await client.post(f"/v1/runs/{a}/fork", json=body)
+        assert r.status_code == 422
+        assert r.json()["details"]["errors"][0]["field"] == "checkpoint_id"
+    assert (
+        await client.post("/v1/runs/run_nope/fork", json={"checkpoint_id": "c"})
+    ).status_code == 404

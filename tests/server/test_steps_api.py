@@ -193,7 +193,6 @@ async def test_bad_step_body_names_field(
     ("step_type", "step_input"),
     [
         ("fs_op", {"op": "read", "path": "a.txt"}),
-        ("gate_eval", {"expr": "true"}),
     ],
 )
 async def test_step_types_not_served_yet_answer_a_clear_error(

@@ -5,12 +5,14 @@ from __future__ import annotations
 from orchestrator_core.errors import Unsupported
 from orchestratord.steps.kinds.base import StepKind
 from orchestratord.steps.kinds.checkpoint import CheckpointStep
+from orchestratord.steps.kinds.gate_eval import GateEval
 from orchestratord.steps.kinds.llm_call import LlmCall
 from orchestratord.steps.kinds.llm_plan import LlmPlan
 from orchestratord.steps.kinds.tool_call import ToolCall
 
 KINDS: dict[str, StepKind] = {
-    kind.step_type: kind for kind in (LlmCall(), LlmPlan(), ToolCall(), CheckpointStep())
+    kind.step_type: kind
+    for kind in (LlmCall(), LlmPlan(), ToolCall(), CheckpointStep(), GateEval())
 }
 
 

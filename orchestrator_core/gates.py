@@ -1,0 +1,96 @@
+"""Gates: CEL expressions over a run's facts, compiled once and evaluated with limits.
+
+The runtime is Google's CEL implementation through its Python bindings (the PyPI package
+``cel-expr-python``, cel-cpp underneath): the reference implementation of the language,
+maintained by the CEL team, type-checking at compile time with positions in its errors.
+
+Variables: ``facts``, a list of ``{type, data, step_id, ts}`` in append order, and ``run``,
+``{run_id, usage, budgets}``. An expression that does not parse or check (an unknown name, a
+type that cannot be boolean) is refused at submission with its line and column; one whose
+value at run time is not a boolean (or that fails: a missing key) is a step error.
+Limits: expressions of at most ``MAX_EXPR_CHARS`` characters, evaluated over at most
+``MAX_FACTS`` facts (the latest ones); the caller bounds the evaluation time.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+from cel_expr_python import cel
+
+from orchestrator_core.errors import InvalidParams, OrchestratorError
+
+MAX_EXPR_CHARS = 4096
+MAX_FACTS = 10_000
+_CACHE_SIZE = 256
+_POSITION = re.compile(r"<input>:(\d+):(\d+): ([^\n]*)")
+
+_env = cel.NewEnv(variables={"facts": cel.Type.List(cel.Type.DYN), "run": cel.Type.DYN})
+_compiled: OrderedDict[str, Gate] = OrderedDict()
+
+
+class GateExprInvalid(OrchestratorError):
+    """422 at submission (it does not compile); a step error when its value is not bool."""
+
+    code = "GATE_EXPR_INVALID"
+
+
+@dataclass(frozen=True)
+class Gate:
+    expr: str
+    program: Any
+
+    def evaluate(self, facts: list[dict[str, Any]], run: dict[str, Any]) -> bool:
+        """The expression's value, or ``GateExprInvalid`` when it is no boolean."""
+        value = self.program.eval(data={"facts": facts[-MAX_FACTS:], "run": run})
+        kind = value.type().name().lower()
+        if kind == "bool":
+            return bool(value.value())
+        if kind == "*error*" or kind == "error":
+            raise GateExprInvalid(
+                f"the expression failed: {value.value()}", details={"expr": self.expr}
+            )
+        raise GateExprInvalid(
+            f"the expression gave a {kind}, not a bool",
+            details={"expr": self.expr, "type": kind},
+        )
+
+
+def compile_gate(expr: str, *, field: str = "input.expr") -> Gate:
+    """Parse and check ``expr``; errors name the field, the line and the column."""
+    found = _compiled.get(expr)
+    if found is not None:
+        _compiled.move_to_end(expr)
+        return found
+    if len(expr) > MAX_EXPR_CHARS:
+        raise InvalidParams(f"longer than {MAX_EXPR_CHARS} characters", field=field)
+    try:
+        program = _env.compile(expr)
+    except RuntimeError as exc:
+        raise _invalid(str(exc), field) from None
+    kind = program.return_type().name().lower()
+    if kind not in ("bool", "dyn"):
+        raise GateExprInvalid(
+            f"{field}: the expression is a {kind}, not a bool",
+            details={"field": field, "type": kind, "line": 1, "column": 1},
+        )
+    gate = Gate(expr, program)
+    _compiled[expr] = gate
+    if len(_compiled) > _CACHE_SIZE:
+        _compiled.popitem(last=False)
+    return gate
+
+
+def _invalid(text: str, field: str) -> GateExprInvalid:
+    errors = [
+        {"line": int(line), "column": int(col), "message": msg.strip()}
+        for line, col, msg in _POSITION.findall(text)
+    ]
+    first = errors[0] if errors else {"line": 1, "column": 1, "message": text}
+    return GateExprInvalid(
+        f"{field}: {first['message']} (line {first['line']}, column {first['column']})",
+        details={"field": field, **first, "errors": errors or [first]},
+    )

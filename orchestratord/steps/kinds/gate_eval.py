@@ -1,0 +1,143 @@
+"""``gate_eval``: a CEL expression over the run's facts (``orchestrator_core.gates``).
+
+The expression is compiled at submission (422 ``GATE_EXPR_INVALID`` with line and column).
+Running, it is evaluated over the run's facts in a worker thread, bounded by
+``ORCHESTRATORD_GATES__EVAL_TIMEOUT_MS``. With ``wait_ms`` a false gate waits: it is woken by
+each event of its run in this process (a new fact wakes it at once) and, for facts appended
+by other processes, re-reads every ``ORCHESTRATORD_STREAM__POLL_S``; it ends ``false`` when
+the wait runs out. A waiting gate holds a control-plane slot, never an engine slot. The
+boolean is the output and a ``gate_result`` fact ``{expr, result}``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, ClassVar
+
+import sqlalchemy as sa
+from pydantic import BaseModel
+
+from contracts.events import FactEvent
+from contracts.steps import GateEvalInput
+from orchestrator_core import clock
+from orchestrator_core.gates import MAX_FACTS, Gate, GateExprInvalid, compile_gate
+from orchestrator_core.generation import LlmInput
+from orchestrator_core.policy import PolicySubject
+from orchestrator_core.replay import StepKey
+from orchestratord.db.engine import Database
+from orchestratord.db.models import Fact, Flow, Run
+from orchestratord.steps.ending import Ending, NewFact
+from orchestratord.steps.kinds.base import StepContext
+from orchestratord.steps.kinds.control import ControlRun, input_key
+
+
+class GateEval:
+    step_type: ClassVar[str] = "gate_eval"
+    input_model: ClassVar[type[BaseModel]] = GateEvalInput
+    engine: ClassVar[bool] = False
+
+    def normalize(self, parsed: Any, *, flow: Flow, field: str) -> dict[str, Any]:
+        assert isinstance(parsed, GateEvalInput)
+        compile_gate(parsed.expr, field=f"{field}.expr")
+        stored: dict[str, Any] = {"expr": parsed.expr}
+        if parsed.wait_ms is not None:
+            stored["wait_ms"] = parsed.wait_ms
+        return stored
+
+    def subject(
+        self, stored: dict[str, Any], *, model: str | None, pool: str | None
+    ) -> PolicySubject:
+        return PolicySubject(step_type=self.step_type)
+
+    def llm_input(self, stored: dict[str, Any]) -> LlmInput | None:
+        return None
+
+    def replay_key(self, stored: dict[str, Any], seed: int) -> StepKey:
+        return input_key(self.step_type, stored, seed)
+
+    async def execute(self, ctx: StepContext) -> Ending:
+        step = ctx.step
+        control = ControlRun(ctx, self.replay_key(step.input, ctx.run.seed), "gate:cel")
+        gate = compile_gate(step.input["expr"])
+        services = ctx.services
+        wait_s = step.input.get("wait_ms", 0) / 1000
+        ends_at = clock.clock.monotonic() + wait_s
+        channel = services.hub.subscribe_run(step.run_id) if wait_s > 0 else None
+        try:
+            while True:
+                cursor = channel.last + 1 if channel is not None else 0
+                try:
+                    result = await self._evaluate(ctx, gate, services.gate_timeout_s)
+                except GateExprInvalid as exc:
+                    return control.failed(exc.body(), {"result": None})
+                left = ends_at - clock.clock.monotonic()
+                if result or channel is None or left <= 0:
+                    break
+                stop = asyncio.ensure_future(ctx.stop.wait())
+                woke = asyncio.ensure_future(channel.wait(cursor, min(left, services.poll_s)))
+                try:
+                    await asyncio.wait({stop, woke}, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    stop.cancel()
+                    woke.cancel()
+                if ctx.stop.is_set():
+                    if ctx.budget_stop:
+                        result = False
+                        break
+                    return control.cancelled({"result": None})
+        finally:
+            if channel is not None:
+                services.hub.unsubscribe_run(step.run_id)
+        fact = NewFact(
+            fact_id=clock.new_id("fact"),
+            type="gate_result",
+            data={"expr": gate.expr, "result": result},
+        )
+        ctx.emit(
+            FactEvent(
+                fact_id=fact.fact_id,
+                fact_type=fact.type,
+                data=fact.data,
+                schema_uri=None,
+                emitted_by_step=step.step_id,
+            )
+        )
+        return control.succeeded({"result": result}, facts=[fact])
+
+    async def _evaluate(self, ctx: StepContext, gate: Gate, timeout_s: float) -> bool:
+        facts, run = await _activation(ctx.db, ctx.run.run_id)
+        try:
+            return await asyncio.wait_for(asyncio.to_thread(gate.evaluate, facts, run), timeout_s)
+        except TimeoutError:
+            raise GateExprInvalid(
+                f"the expression took longer than {round(timeout_s * 1000)} ms",
+                details={"expr": gate.expr, "reason": "timeout"},
+            ) from None
+
+
+async def _activation(db: Database, run_id: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """``facts`` (the latest ``MAX_FACTS``, in append order) and ``run`` as CEL sees them."""
+    async with db.read() as session:
+        rows = (
+            await session.execute(
+                sa.select(Fact.type, Fact.data, Fact.emitted_by_step, Fact.created_at)
+                .where(Fact.run_id == run_id)
+                .order_by(Fact.id.desc())
+                .limit(MAX_FACTS)
+            )
+        ).all()
+        run = (await session.execute(sa.select(Run).where(Run.run_id == run_id))).scalar_one()
+        facts = [
+            {"type": t, "data": d, "step_id": s, "ts": c.isoformat()}
+            for t, d, s, c in reversed(rows)
+        ]
+        view = {
+            "run_id": run.run_id,
+            "usage": {
+                "tokens_in": run.tokens_in_used,
+                "tokens_out": run.tokens_out_used,
+                "cost_usd": run.cost_used_usd,
+            },
+            "budgets": run.budgets,
+        }
+    return facts, view

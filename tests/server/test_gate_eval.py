@@ -1,0 +1,134 @@
+"""gate_eval: CEL over the run's facts; errors with positions; waiting gates woken by facts."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.helpers import make_flow, make_run, read_stream, wait_status
+
+
+async def gate(
+    client: httpx.AsyncClient, run_id: str, expr: str, token: str = "g", **extra: Any
+) -> httpx.Response:
+    return await client.post(
+        f"/v1/runs/{run_id}/steps",
+        json={"type": "gate_eval", "client_token": token, "input": {"expr": expr, **extra}},
+    )
+
+
+async def fact(client: httpx.AsyncClient, run_id: str, kind: str, data: Any) -> None:
+    r = await client.post(f"/v1/runs/{run_id}/facts", json={"type": kind, "data": data})
+    assert r.status_code == 201, r.text
+
+
+@pytest.mark.parametrize(
+    ("expr", "result"),
+    [
+        ('facts.exists(f, f.type == "score" && f.data.value > 5)', True),
+        ('facts.exists(f, f.type == "score" && f.data.value > 50)', False),
+        ("size(facts) == 2", True),
+        ('run.run_id != ""', True),
+        ("true", True),
+        ("false", False),
+    ],
+)
+async def test_gates_true_and_false(client: httpx.AsyncClient, expr: str, result: bool) -> None:
+    run_id = await make_run(client)
+    await fact(client, run_id, "score", {"value": 7})
+    await fact(client, run_id, "note", {"text": "hi"})
+    r = await gate(client, run_id, expr)
+    assert r.status_code == 202, r.text
+    step = await wait_status(client, r.json()["step_id"], "succeeded", "failed")
+    assert step["status"] == "succeeded", step
+    assert step["output"]["result"] is result
+    events = await read_stream(client, f"/v1/steps/{step['step_id']}/stream")
+    assert [e.event for e in events] == ["started", "fact", "end"]
+    facts = (await client.get(f"/v1/runs/{run_id}/facts", params={"type": "gate_result"})).json()
+    assert [f["data"] for f in facts] == [{"expr": expr, "result": result}]
+
+
+@pytest.mark.parametrize(
+    ("expr", "column"),
+    [
+        ("facts.exists(f, f.type == ", 27),
+        ("nope && true", 1),
+        ("size(facts)", 1),
+        ("1 +", 4),
+    ],
+)
+async def test_malformed_gates_are_refused_with_the_position(
+    client: httpx.AsyncClient, expr: str, column: int
+) -> None:
+    run_id = await make_run(client)
+    r = await gate(client, run_id, expr)
+    assert r.status_code == 422, r.text
+    body = r.json()
+    assert body["code"] == "GATE_EXPR_INVALID"
+    assert body["details"]["field"] == "input.expr"
+    assert body["details"]["line"] == 1 and body["details"]["column"] == column
+    assert (await client.get(f"/v1/runs/{run_id}")).json()["step_count"] == 0
+
+
+@pytest.mark.parametrize("expr", ["run.usage.tokens_in", "run.nothing == 1"])
+async def test_a_value_that_is_no_boolean_fails_the_step(
+    client: httpx.AsyncClient, expr: str
+) -> None:
+    run_id = await make_run(client)
+    step = await wait_status(
+        client, (await gate(client, run_id, expr)).json()["step_id"], "succeeded", "failed"
+    )
+    assert step["status"] == "failed"
+    assert step["error"]["code"] == "GATE_EXPR_INVALID"
+
+
+async def test_a_waiting_gate_is_woken_by_a_fact(client: httpx.AsyncClient) -> None:
+    run_id = await make_run(client)
+    r = await gate(client, run_id, 'facts.exists(f, f.type == "done")', wait_ms=60_000)
+    step_id = r.json()["step_id"]
+    await wait_status(client, step_id, "running")
+    await asyncio.sleep(0.05)
+    assert (await client.get(f"/v1/steps/{step_id}")).json()["status"] == "running"
+    await fact(client, run_id, "other", 1)  # wakes it: still false
+    await fact(client, run_id, "done", 1)
+    # a gate that was not woken would wait its 60 s: wait_status gives up long before
+    step = await wait_status(client, step_id, "succeeded", "failed")
+    assert step["output"]["result"] is True
+
+
+async def test_a_waiting_gate_ends_false_when_the_wait_runs_out(client: httpx.AsyncClient) -> None:
+    run_id = await make_run(client)
+    r = await gate(client, run_id, 'facts.exists(f, f.type == "never")', wait_ms=150)
+    step = await wait_status(client, r.json()["step_id"], "succeeded", "failed")
+    assert step["status"] == "succeeded" and step["output"]["result"] is False
+    assert step["pool_id"] is None  # it held no engine slot
+
+
+async def test_a_waiting_gate_can_be_cancelled(client: httpx.AsyncClient) -> None:
+    run_id = await make_run(client)
+    r = await gate(client, run_id, "false", wait_ms=60_000)
+    step_id = r.json()["step_id"]
+    await wait_status(client, step_id, "running")
+    await client.post(f"/v1/steps/{step_id}/cancel")
+    assert (await wait_status(client, step_id, "cancelled"))["status"] == "cancelled"
+
+
+async def test_replay_serves_the_recorded_gate(client: httpx.AsyncClient) -> None:
+    flow_id = await make_flow(client)
+    source = await make_run(client, flow_id)
+    await fact(client, source, "x", 1)
+    recorded = await wait_status(
+        client, (await gate(client, source, "size(facts) > 0")).json()["step_id"], "succeeded"
+    )
+    r = await client.post(
+        f"/v1/flows/{flow_id}/runs", json={"mode": "replay", "source_run_id": source}
+    )
+    replay = r.json()["run_id"]  # no facts here: a re-evaluation would say false
+    served = await wait_status(
+        client, (await gate(client, replay, "size(facts) > 0")).json()["step_id"], "succeeded"
+    )
+    assert served["output"] == recorded["output"] and served["output"]["result"] is True
+    assert served["replay_outcome"] == "identical"
