@@ -189,25 +189,16 @@ async def test_bad_step_body_names_field(
     assert any(e["field"].startswith(field) for e in r.json()["details"]["errors"]), r.json()
 
 
-@pytest.mark.parametrize(
-    ("step_type", "step_input"),
-    [
-        ("fs_op", {"op": "read", "path": "a.txt"}),
-    ],
-)
-async def test_step_types_not_served_yet_answer_a_clear_error(
-    client: httpx.AsyncClient, step_type: str, step_input: dict[str, object]
-) -> None:
-    run_id = await make_run(client)
-    r = await client.post(
-        f"/v1/runs/{run_id}/steps",
-        json={"type": step_type, "client_token": "x", "input": step_input},
+def test_a_type_no_kind_serves_is_refused_naming_the_field() -> None:
+    from orchestrator_core.errors import Unsupported
+    from orchestratord.steps.kinds import KINDS, kind_of
+
+    assert sorted(KINDS) == sorted(
+        ["llm_call", "llm_plan", "tool_call", "fs_op", "gate_eval", "checkpoint"]
     )
-    assert r.status_code == 501
-    body = r.json()
-    assert body["code"] == "UNSUPPORTED"
-    assert body["details"]["field"] == "type"
-    assert step_type in body["message"]
+    with pytest.raises(Unsupported) as info:
+        kind_of("telepathy")
+    assert info.value.details["field"] == "type"
 
 
 @pytest.mark.parametrize("mode", ["replay", "strict_replay"])

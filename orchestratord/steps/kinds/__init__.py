@@ -5,6 +5,7 @@ from __future__ import annotations
 from orchestrator_core.errors import Unsupported
 from orchestratord.steps.kinds.base import StepKind
 from orchestratord.steps.kinds.checkpoint import CheckpointStep
+from orchestratord.steps.kinds.fs_op import FsOp
 from orchestratord.steps.kinds.gate_eval import GateEval
 from orchestratord.steps.kinds.llm_call import LlmCall
 from orchestratord.steps.kinds.llm_plan import LlmPlan
@@ -12,7 +13,7 @@ from orchestratord.steps.kinds.tool_call import ToolCall
 
 KINDS: dict[str, StepKind] = {
     kind.step_type: kind
-    for kind in (LlmCall(), LlmPlan(), ToolCall(), CheckpointStep(), GateEval())
+    for kind in (LlmCall(), LlmPlan(), ToolCall(), CheckpointStep(), GateEval(), FsOp())
 }
 
 

@@ -1,0 +1,1 @@
+"""The file-system broker behind ``fs_op`` steps."""
