@@ -102,8 +102,24 @@ class FactEvent(EventBase):
 
 
 class NarrationEvent(EventBase):
+    """What the server is doing for the step, in words (placed, clamped, retrying, queued).
+
+    Stored in the step's log when it happens after ``started``; while a step is queued, its
+    streams are told its queue position in narration frames that are not stored (no ``id``).
+    Never compared by strict_replay."""
+
     event_type: ClassVar[str] = "narration"
     text: str
+
+
+class MetricsEvent(EventBase):
+    """At most once a second on a long engine step; never compared by strict_replay."""
+
+    event_type: ClassVar[str] = "metrics"
+    tokens_per_s: float
+    tokens_out: int
+    tokens_budget_remaining: int | None = None
+    time_budget_remaining_ms: float | None = None
 
 
 class EscalationEvent(EventBase):

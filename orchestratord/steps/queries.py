@@ -152,3 +152,31 @@ def ledger_of(run: Run) -> Ledger:
         reserved_out=run.tokens_out_reserved,
         reserved_cost=run.cost_reserved_usd,
     )
+
+
+async def queue_narration(session: AsyncSession, *, step_id: str) -> str | None:
+    """Where a queued step waits, in words; None once it is no longer queued."""
+    step = (
+        await session.execute(
+            sa.select(Step.status, Step.pool_id, Step.priority_rank).where(Step.step_id == step_id)
+        )
+    ).one_or_none()
+    if step is None or step.status != StepStatus.QUEUED.value:
+        return None
+    lane = Step.pool_id.is_(None) if step.pool_id is None else Step.pool_id == step.pool_id
+    ahead = (
+        await session.execute(
+            sa.select(sa.func.count())
+            .select_from(Step)
+            .where(
+                Step.status == StepStatus.QUEUED.value,
+                lane,
+                sa.or_(
+                    Step.priority_rank < step.priority_rank,
+                    sa.and_(Step.priority_rank == step.priority_rank, Step.step_id < step_id),
+                ),
+            )
+        )
+    ).scalar_one()
+    where = "a control-plane slot" if step.pool_id is None else f"a slot of pool {step.pool_id}"
+    return f"waiting for {where}: position {ahead + 1} in the queue"

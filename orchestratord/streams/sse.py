@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
 
+import orjson
+
 from orchestratord.eventlog import (
     RUN_END,
     LogEvent,
@@ -18,10 +20,12 @@ from orchestratord.eventlog import (
     step_ended_before,
 )
 from orchestratord.runtime import Orchestrator
+from orchestratord.steps.queries import queue_narration
 from orchestratord.streams.hub import Channel
 
 Reader = Callable[[int, int], Awaitable[list[LogEvent]]]
 EndedBefore = Callable[[int], Awaitable[bool]]
+Narrate = Callable[[], Awaitable[bytes | None]]
 
 
 def encode_frames(events: list[LogEvent], *, run_cursor: bool) -> bytes:
@@ -42,8 +46,10 @@ async def _follow(
     poll_s: float,
     state: dict[str, bool],
     ended_before: EndedBefore | None = None,
+    narrate: Narrate | None = None,
 ) -> AsyncIterator[bytes]:
     look_in_log = True  # at the start, and after a quiet wait: writes of other processes
+    quiet = False
     while True:
         events = channel.take(cursor, batch)
         if events is None or (not events and look_in_log):
@@ -52,6 +58,10 @@ async def _follow(
             if not events and ended_before is not None and await ended_before(cursor):
                 state["ended"] = True  # resumed after the terminal event: nothing follows
                 return
+            # a step still waiting after a quiet poll is told where it waits (not at the
+            # start: most steps start within a poll, and a stream's start is on the TTFT path)
+            if not events and quiet and narrate is not None and (frame := await narrate()):
+                yield frame
         if events:
             yield encode_frames(events, run_cursor=run_cursor)
             last = events[-1]
@@ -60,7 +70,7 @@ async def _follow(
                 state["ended"] = True
                 return
             continue
-        look_in_log = not await channel.wait(cursor, poll_s)
+        look_in_log = quiet = not await channel.wait(cursor, poll_s)
 
 
 async def follow_step(
@@ -76,6 +86,18 @@ async def follow_step(
     async def ended_before(cursor: int) -> bool:
         return await step_ended_before(orch.db, step_id, cursor)
 
+    said: list[str] = []
+
+    async def narrate() -> bytes | None:
+        """A queued step's place in its queue: a frame without ``id``, not stored."""
+        async with orch.db.read() as session:
+            text = await queue_narration(session, step_id=step_id)
+        if text is None or (said and said[-1] == text):
+            return None
+        said.append(text)
+        body = orjson.dumps({"step_id": step_id, "seq": None, "type": "narration", "text": text})
+        return b"event: narration\ndata: %s\n\n" % body
+
     try:
         async for chunk in _follow(
             channel,
@@ -86,6 +108,7 @@ async def follow_step(
             poll_s=settings.poll_s,
             state=state,
             ended_before=ended_before,
+            narrate=narrate,
         ):
             yield chunk
     finally:

@@ -212,3 +212,49 @@ class _serve:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.stack.aclose()
+
+
+async def test_a_queued_step_is_told_where_it_waits(db_url: str) -> None:
+    settings = make_settings(db_url, sim={"slots": 1, "tokens_per_s": 50.0})
+    async with _serve(settings) as live:
+        run_id = await make_run(live)
+        busy = (await submit(live, run_id, token="busy", max_tokens=5000)).json()["step_id"]
+        await wait_status(live, busy, "running")
+        queued = (await submit(live, run_id, token="q", max_tokens=3)).json()["step_id"]
+        seen: list[SseEvent] = []
+        async with live.stream("GET", f"/v1/steps/{queued}/stream") as r:
+            buf = ""
+            async for chunk in r.aiter_text():
+                buf += chunk
+                seen, _ = parse_sse(buf[: buf.rfind("\n\n") + 2])
+                if any(e.event == "narration" for e in seen):
+                    break
+        (narration,) = [e for e in seen if e.event == "narration"]
+        assert narration.id is None  # not stored: no cursor to resume from
+        assert narration.data is not None
+        assert narration.data["text"] == "waiting for a slot of pool local: position 1 in the queue"
+        assert narration.data["seq"] is None and narration.data["step_id"] == queued
+        await live.post(f"/v1/steps/{busy}/cancel")
+        await wait_status(live, queued, "succeeded")
+        events = await read_stream(live, f"/v1/steps/{queued}/stream")
+        assert "narration" not in [e.event for e in events]  # the log has none of it
+
+
+async def test_long_engine_steps_report_metrics_at_most_once_a_second(db_url: str) -> None:
+    settings = make_settings(db_url, sim={"tokens_per_s": 60.0})
+    async with _serve(settings) as live:
+        run_id = await make_run(live, budgets={"max_tokens_out": 150})
+        step_id = (await submit(live, run_id, token="m", max_tokens=200)).json()["step_id"]
+        step = await wait_status(live, step_id, "succeeded")
+        events = await read_stream(live, f"/v1/steps/{step_id}/stream")
+        kinds = [e.event for e in events]
+        narration = [e.data["text"] for e in events if e.event == "narration" and e.data]
+        assert narration == ["max_tokens clamped from 200 to 150 by the budget"]
+        metrics = [e.data for e in events if e.event == "metrics" and e.data]
+        seconds = step["provenance"]["decode_time_ms"] / 1000
+        assert 1 <= len(metrics) <= seconds + 1
+        assert all(m["tokens_out"] > 0 and m["tokens_per_s"] > 0 for m in metrics)
+        assert metrics[0]["tokens_budget_remaining"] == 150 - metrics[0]["tokens_out"]
+        assert kinds[0] == "started" and kinds[-1] == "end"
+        tokens = [e for e in events if e.event == "token"]
+        assert [t.data["i"] for t in tokens if t.data] == list(range(150))

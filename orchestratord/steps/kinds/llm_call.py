@@ -22,7 +22,15 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel
 
-from contracts.events import EndEvent, ErrorEvent, Provenance, StartedEvent, TokenEvent
+from contracts.events import (
+    EndEvent,
+    ErrorEvent,
+    MetricsEvent,
+    NarrationEvent,
+    Provenance,
+    StartedEvent,
+    TokenEvent,
+)
 from contracts.steps import LlmCallInput
 from orchestrator_core import clock
 from orchestrator_core.breakers import CircuitBreaker
@@ -40,6 +48,7 @@ from orchestratord.steps.kinds.base import StepContext
 from worker_adapters import AdapterError, EngineUnavailable, Finish, Token
 
 log = logging.getLogger("orchestratord.steps")
+METRICS_EVERY_S = 1.0
 
 
 class _ReplayStop(Exception):
@@ -111,6 +120,7 @@ class _LlmRun:
         self.pool = ctx.pool
         self.replica = ctx.replica
         self.price = ctx.price
+        self.granted = 0
         self.breaker: CircuitBreaker = ctx.services.engine_breakers.get(
             f"replica:{self.pool.pool_id}/{self.replica.replica_id}"
         )
@@ -146,6 +156,12 @@ class _LlmRun:
             )
         )
         granted = step.max_tokens_granted or llm.params.max_tokens
+        if step.budget_clamped and granted < llm.params.max_tokens:
+            asked = llm.params.max_tokens
+            ctx.emit(
+                NarrationEvent(text=f"max_tokens clamped from {asked} to {granted} by the budget")
+            )
+        self.granted = granted
         request = generation_request(
             llm, request_id=step.step_id, seed=run.seed, max_tokens=granted
         )
@@ -355,6 +371,21 @@ class _LlmRun:
         steplog = self.ctx.log
         writer = self.ctx.log.writer
         held: deque[Token] = deque()
+        began = clock.clock.monotonic()
+        next_metrics = began + METRICS_EVERY_S
+
+        def metrics(now: float) -> None:
+            ctx = self.ctx
+            n = len(progress.parts)
+            left = None if ctx.deadline_s is None else max(0.0, ctx.deadline_s - (now - began))
+            steplog.emit(
+                MetricsEvent(
+                    tokens_per_s=round(n / max(now - began, 1e-9), 2),
+                    tokens_out=n,
+                    tokens_budget_remaining=max(0, self.granted - n),
+                    time_budget_remaining_ms=None if left is None else round(left * 1000, 1),
+                )
+            )
 
         def emit(token: Token, text: str) -> None:
             if comparator is not None:
@@ -380,6 +411,10 @@ class _LlmRun:
 
         async for item in gen:
             if isinstance(item, Token):
+                now = clock.clock.monotonic()
+                if now >= next_metrics:
+                    metrics(now)
+                    next_metrics = now + METRICS_EVERY_S
                 if redactor is None:
                     emit(item, item.text)
                 else:
