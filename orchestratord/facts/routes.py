@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from fastapi import APIRouter, Depends, Query, Response
 
 from contracts.records import CheckpointCreate, CheckpointOut, FactCreate, FactOut
 from orchestratord.api.deps import orchestrator
+from orchestratord.db.models import Fact
 from orchestratord.facts import service as repo
 from orchestratord.runtime import Orchestrator
 
@@ -34,10 +37,7 @@ async def list_facts(
         facts = await repo.list_facts(
             session, run_id=run_id, fact_type=type, after=after, limit=limit
         )
-        out = [FactOut.model_validate(f, from_attributes=True) for f in facts]
-    if len(out) == limit:
-        response.headers["X-Next-After"] = out[-1].fact_id
-    return out
+    return _page(facts, limit, response)
 
 
 @router.get("/v1/flows/{flow_id}/facts", response_model=list[FactOut], tags=["facts"])
@@ -54,10 +54,7 @@ async def list_flow_facts(
         facts = await repo.list_flow_facts(
             session, flow_id=flow_id, fact_type=type, after=after, limit=limit
         )
-        out = [FactOut.model_validate(f, from_attributes=True) for f in facts]
-    if len(out) == limit:
-        response.headers["X-Next-After"] = out[-1].fact_id
-    return out
+    return _page(facts, limit, response)
 
 
 @router.post(
@@ -83,3 +80,11 @@ async def list_checkpoints(
     async with orch.db.read() as session:
         cps = await repo.list_checkpoints(session, run_id=run_id)
         return [CheckpointOut.model_validate(c, from_attributes=True) for c in cps]
+
+
+def _page(facts: Sequence[Fact], limit: int, response: Response) -> list[FactOut]:
+    """A page of facts; with ``limit`` full, ``X-Next-After`` is the next page's ``after``."""
+    out = [FactOut.model_validate(f, from_attributes=True) for f in facts]
+    if len(out) == limit:
+        response.headers["X-Next-After"] = out[-1].fact_id
+    return out

@@ -16,32 +16,21 @@ from contracts.events import CheckpointEvent
 from contracts.steps import CheckpointInput
 from orchestrator_core import clock
 from orchestrator_core.canonical import normalize, sha256_of
-from orchestrator_core.generation import LlmInput
-from orchestrator_core.policy import PolicySubject
 from orchestrator_core.replay import StepKey
 from orchestratord.db.models import Checkpoint, Flow
 from orchestratord.facts.service import cursors_in
 from orchestratord.steps.ending import Ending
 from orchestratord.steps.kinds.base import StepContext
-from orchestratord.steps.kinds.control import ControlRun, input_key
+from orchestratord.steps.kinds.control import ControlKind, ControlRun, input_key
 
 
-class CheckpointStep:
+class CheckpointStep(ControlKind):
     step_type: ClassVar[str] = "checkpoint"
     input_model: ClassVar[type[BaseModel]] = CheckpointInput
-    engine: ClassVar[bool] = False
 
     def normalize(self, parsed: Any, *, flow: Flow, field: str) -> dict[str, Any]:
         assert isinstance(parsed, CheckpointInput)
         return {"state": normalize(parsed.state, f"{field}.state")}
-
-    def subject(
-        self, stored: dict[str, Any], *, model: str | None, pool: str | None
-    ) -> PolicySubject:
-        return PolicySubject(step_type=self.step_type)
-
-    def llm_input(self, stored: dict[str, Any]) -> LlmInput | None:
-        return None
 
     def replay_key(self, stored: dict[str, Any], seed: int) -> StepKey:
         return input_key(self.step_type, stored["state"], seed)

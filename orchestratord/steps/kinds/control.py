@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
-from contracts.events import EndEvent, ErrorEvent, Provenance, StartedEvent
+from contracts.events import EndEvent, ErrorEvent, FactEvent, Provenance, StartedEvent
 from orchestrator_core import clock
 from orchestrator_core.canonical import sha256_of
+from orchestrator_core.generation import LlmInput
 from orchestrator_core.lifecycle import StepStatus
+from orchestrator_core.policy import PolicySubject
 from orchestrator_core.replay import StepKey
 from orchestratord.db.models import Run, Step
 from orchestratord.steps.ending import Ending, NewFact
@@ -24,6 +26,38 @@ def input_key(step_type: str, material: Any, seed: int) -> StepKey:
         params_hash=NO_PARAMS,
         model=None,
         seed=seed,
+    )
+
+
+class ControlKind:
+    """Defaults of a kind that runs in the control plane: no engine, no engine request,
+    the policy subject is the step type, the determinism input is the stored input."""
+
+    step_type: ClassVar[str]
+    engine: ClassVar[bool] = False
+
+    def subject(
+        self, stored: dict[str, Any], *, model: str | None, pool: str | None
+    ) -> PolicySubject:
+        return PolicySubject(step_type=self.step_type)
+
+    def llm_input(self, stored: dict[str, Any]) -> LlmInput | None:
+        return None
+
+    def replay_key(self, stored: dict[str, Any], seed: int) -> StepKey:
+        return input_key(self.step_type, stored, seed)
+
+
+def emit_fact(ctx: StepContext, fact: NewFact) -> None:
+    """A fact the step appends (stored with its end): its ``fact`` event now."""
+    ctx.emit(
+        FactEvent(
+            fact_id=fact.fact_id,
+            fact_type=fact.type,
+            data=fact.data,
+            schema_uri=None,
+            emitted_by_step=ctx.step.step_id,
+        )
     )
 
 

@@ -19,24 +19,21 @@ from pydantic import BaseModel
 from contracts.steps import FsOpInput
 from orchestrator_core.errors import CircuitOpen, OrchestratorError
 from orchestrator_core.fs import FsPolicyViolation, FsRules
-from orchestrator_core.generation import LlmInput
 from orchestrator_core.policy import PolicySubject
-from orchestrator_core.replay import StepKey
 from orchestratord.db.models import Flow
 from orchestratord.fs import broker
 from orchestratord.steps.ending import Ending
 from orchestratord.steps.kinds.base import StepContext
-from orchestratord.steps.kinds.control import ControlRun, input_key
+from orchestratord.steps.kinds.control import ControlKind, ControlRun
 
 
 class FsError(OrchestratorError):
     code = "FS_ERROR"
 
 
-class FsOp:
+class FsOp(ControlKind):
     step_type: ClassVar[str] = "fs_op"
     input_model: ClassVar[type[BaseModel]] = FsOpInput
-    engine: ClassVar[bool] = False
 
     def normalize(self, parsed: Any, *, flow: Flow, field: str) -> dict[str, Any]:
         stored: dict[str, Any] = parsed.model_dump(mode="json", exclude_none=True)
@@ -46,12 +43,6 @@ class FsOp:
         self, stored: dict[str, Any], *, model: str | None, pool: str | None
     ) -> PolicySubject:
         return PolicySubject(step_type=self.step_type, path=stored["path"])
-
-    def llm_input(self, stored: dict[str, Any]) -> LlmInput | None:
-        return None
-
-    def replay_key(self, stored: dict[str, Any], seed: int) -> StepKey:
-        return input_key(self.step_type, stored, seed)
 
     async def execute(self, ctx: StepContext) -> Ending:
         step, run = ctx.step, ctx.run

@@ -17,24 +17,19 @@ from typing import Any, ClassVar
 import sqlalchemy as sa
 from pydantic import BaseModel
 
-from contracts.events import FactEvent
 from contracts.steps import GateEvalInput
 from orchestrator_core import clock
 from orchestrator_core.gates import MAX_FACTS, Gate, GateExprInvalid, compile_gate
-from orchestrator_core.generation import LlmInput
-from orchestrator_core.policy import PolicySubject
-from orchestrator_core.replay import StepKey
 from orchestratord.db.engine import Database
 from orchestratord.db.models import Fact, Flow, Run
 from orchestratord.steps.ending import Ending, NewFact
 from orchestratord.steps.kinds.base import StepContext
-from orchestratord.steps.kinds.control import ControlRun, input_key
+from orchestratord.steps.kinds.control import ControlKind, ControlRun, emit_fact
 
 
-class GateEval:
+class GateEval(ControlKind):
     step_type: ClassVar[str] = "gate_eval"
     input_model: ClassVar[type[BaseModel]] = GateEvalInput
-    engine: ClassVar[bool] = False
 
     def normalize(self, parsed: Any, *, flow: Flow, field: str) -> dict[str, Any]:
         assert isinstance(parsed, GateEvalInput)
@@ -43,17 +38,6 @@ class GateEval:
         if parsed.wait_ms is not None:
             stored["wait_ms"] = parsed.wait_ms
         return stored
-
-    def subject(
-        self, stored: dict[str, Any], *, model: str | None, pool: str | None
-    ) -> PolicySubject:
-        return PolicySubject(step_type=self.step_type)
-
-    def llm_input(self, stored: dict[str, Any]) -> LlmInput | None:
-        return None
-
-    def replay_key(self, stored: dict[str, Any], seed: int) -> StepKey:
-        return input_key(self.step_type, stored, seed)
 
     async def execute(self, ctx: StepContext) -> Ending:
         step = ctx.step
@@ -93,15 +77,7 @@ class GateEval:
             type="gate_result",
             data={"expr": gate.expr, "result": result},
         )
-        ctx.emit(
-            FactEvent(
-                fact_id=fact.fact_id,
-                fact_type=fact.type,
-                data=fact.data,
-                schema_uri=None,
-                emitted_by_step=step.step_id,
-            )
-        )
+        emit_fact(ctx, fact)
         return control.succeeded({"result": result}, facts=[fact])
 
     async def _evaluate(self, ctx: StepContext, gate: Gate, timeout_s: float) -> bool:

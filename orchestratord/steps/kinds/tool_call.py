@@ -20,13 +20,11 @@ from typing import Any, ClassVar
 from pydantic import BaseModel
 
 from contracts.events import (
-    FactEvent,
     NarrationEvent,
 )
 from contracts.steps import ToolCallInput
 from orchestrator_core import clock
 from orchestrator_core.errors import CircuitOpen, InvalidParams, ToolError
-from orchestrator_core.generation import LlmInput
 from orchestrator_core.policy import PolicySubject, redact_json
 from orchestrator_core.replay import StepKey
 from orchestrator_core.tools import check_args
@@ -35,7 +33,7 @@ from orchestratord.db.models import Flow
 from orchestratord.policies import policy_of
 from orchestratord.steps.ending import Ending, NewFact
 from orchestratord.steps.kinds.base import StepContext
-from orchestratord.steps.kinds.control import ControlRun, input_key
+from orchestratord.steps.kinds.control import ControlKind, ControlRun, emit_fact, input_key
 from orchestratord.tools.errors import ToolFailure
 from orchestratord.tools.executors import ToolInvocation
 
@@ -82,10 +80,9 @@ class _FlowTools:
 _FLOW_TOOLS = _FlowTools()
 
 
-class ToolCall:
+class ToolCall(ControlKind):
     step_type: ClassVar[str] = "tool_call"
     input_model: ClassVar[type[BaseModel]] = ToolCallInput
-    engine: ClassVar[bool] = False
 
     def normalize(self, parsed: Any, *, flow: Flow, field: str) -> dict[str, Any]:
         assert isinstance(parsed, ToolCallInput)
@@ -99,9 +96,6 @@ class ToolCall:
         self, stored: dict[str, Any], *, model: str | None, pool: str | None
     ) -> PolicySubject:
         return PolicySubject(step_type=self.step_type, tool=stored["tool"])
-
-    def llm_input(self, stored: dict[str, Any]) -> LlmInput | None:
-        return None
 
     def replay_key(self, stored: dict[str, Any], seed: int) -> StepKey:
         return input_key(self.step_type, {"tool": stored["tool"], "args": stored["args"]}, seed)
@@ -181,13 +175,5 @@ class ToolCall:
             type="tool_result",
             data={"tool": name, "args": args, "result": result},
         )
-        ctx.emit(
-            FactEvent(
-                fact_id=fact.fact_id,
-                fact_type=fact.type,
-                data=fact.data,
-                schema_uri=None,
-                emitted_by_step=step.step_id,
-            )
-        )
+        emit_fact(ctx, fact)
         return control.succeeded({"result": result}, facts=[fact])
