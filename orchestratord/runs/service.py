@@ -109,7 +109,9 @@ async def create_run(
 async def get_run(session: AsyncSession, *, run_id: str, lock: bool = False) -> Run:
     stmt = sa.select(Run).where(Run.run_id == run_id)
     if lock:
-        stmt = stmt.with_for_update(key_share=True)
+        # Exclusive: a step's end reads the run's status under a shared lock to decide whether
+        # the run ends now; a cancel or a completion must not interleave with that decision.
+        stmt = stmt.with_for_update()
     run = (await session.execute(stmt)).scalar_one_or_none()
     if run is None:
         raise NotFound("run", run_id)
