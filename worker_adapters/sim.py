@@ -120,8 +120,9 @@ class SimAdapter(WorkerAdapter):
                     return
                 if interval:
                     delay = start + (generated + 1) * interval - loop.time()
-                    if delay > 0:
-                        await asyncio.sleep(delay)
+                    # behind schedule (the loop was busy), still yield: timers such as a
+                    # step's deadline must get their turn between paced tokens
+                    await asyncio.sleep(max(delay, 0))
                     if rid in self._cancelled:
                         return
                 elif generated % _FAST_YIELD_EVERY == 0:
