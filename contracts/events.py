@@ -168,3 +168,18 @@ class RunEndEvent(EventBase):
     event_type: ClassVar[str] = "run_end"
     run_id: str
     status: str
+
+
+STEP_EVENTS: tuple[type[EventBase], ...] = (
+    StartedEvent,
+    TokenEvent,
+    ToolSuggestEvent,
+    FactEvent,
+    NarrationEvent,
+    MetricsEvent,
+    EscalationEvent,
+    CheckpointEvent,
+    EndEvent,
+    ErrorEvent,
+    RunEndEvent,
+)

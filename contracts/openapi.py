@@ -17,7 +17,26 @@ def render() -> str:
     from orchestratord.api.app import create_app  # the server builds it; contracts keeps it
 
     doc: dict[str, Any] = create_app().openapi()
+    add_event_schemas(doc)
     return json.dumps(doc, indent=2, sort_keys=True) + "\n"
+
+
+def add_event_schemas(doc: dict[str, Any]) -> None:
+    """The SSE payloads (``data:`` of each event type) as components, so clients generate
+    them too: ``<Type>Event`` schemas and ``x-sse-events`` mapping event names to them."""
+    from pydantic.json_schema import models_json_schema
+
+    from contracts.events import STEP_EVENTS
+
+    _, defs = models_json_schema(
+        [(m, "serialization") for m in STEP_EVENTS], ref_template="#/components/schemas/{model}"
+    )
+    schemas = doc.setdefault("components", {}).setdefault("schemas", {})
+    for name, schema in defs.get("$defs", {}).items():
+        schemas.setdefault(name, schema)
+    doc["x-sse-events"] = {
+        m.event_type: {"$ref": f"#/components/schemas/{m.__name__}"} for m in STEP_EVENTS
+    }
 
 
 def main(argv: list[str]) -> int:
