@@ -31,7 +31,10 @@ class StreamSettings(BaseModel):
     )
     read_batch: int = Field(default=512, ge=1, description="Events read from the log per query")
     poll_s: float = Field(
-        default=0.5, gt=0, description="How often a follower re-reads the log for foreign writes"
+        default=0.5,
+        gt=0,
+        description="How often a follower on PostgreSQL re-reads the log for other processes' "
+        "writes (SQLite is one process: its followers are woken, never poll)",
     )
     cancel_on_disconnect: bool = Field(
         default=False,

@@ -42,7 +42,9 @@ class Channel:
     def take(self, cursor: int, limit: int) -> list[LogEvent] | None:
         """Events from ``cursor`` on, or None when the tail cannot tell (read the log)."""
         if not self._buf:
-            return None
+            # nothing published here since it was opened: nothing new, unless the cursor is
+            # behind what was published (and evicted)
+            return [] if cursor > self.last else None
         first = self._cursor(self._buf[0])
         if cursor < first:
             return None

@@ -47,9 +47,12 @@ async def _follow(
     state: dict[str, bool],
     ended_before: EndedBefore | None = None,
     narrate: Narrate | None = None,
+    foreign_writers: bool = True,
 ) -> AsyncIterator[bytes]:
-    look_in_log = True  # at the start, and after a quiet wait: writes of other processes
-    quiet = False
+    # The log is read at the start, when the live tail cannot serve the cursor, and after a
+    # quiet wait when other processes may write (PostgreSQL). A SQLite deployment is one
+    # process whose every commit reaches the hub: its idle followers never touch the database.
+    look_in_log = True
     while True:
         events = channel.take(cursor, batch)
         if events is None or (not events and look_in_log):
@@ -58,10 +61,6 @@ async def _follow(
             if not events and ended_before is not None and await ended_before(cursor):
                 state["ended"] = True  # resumed after the terminal event: nothing follows
                 return
-            # a step still waiting after a quiet poll is told where it waits (not at the
-            # start: most steps start within a poll, and a stream's start is on the TTFT path)
-            if not events and quiet and narrate is not None and (frame := await narrate()):
-                yield frame
         if events:
             yield encode_frames(events, run_cursor=run_cursor)
             last = events[-1]
@@ -70,7 +69,12 @@ async def _follow(
                 state["ended"] = True
                 return
             continue
-        look_in_log = quiet = not await channel.wait(cursor, poll_s)
+        quiet = not await channel.wait(cursor, poll_s)
+        look_in_log = quiet and foreign_writers
+        # a step still waiting after a quiet poll is told where it waits (not at the start:
+        # most steps start within a poll, and a stream's start is on the TTFT path)
+        if quiet and narrate is not None and (frame := await narrate()):
+            yield frame
 
 
 async def follow_step(
@@ -87,12 +91,18 @@ async def follow_step(
         return await step_ended_before(orch.db, step_id, cursor)
 
     said: list[str] = []
+    started = [False]
 
     async def narrate() -> bytes | None:
         """A queued step's place in its queue: a frame without ``id``, not stored."""
+        if started[0]:
+            return None  # a step never queues again
         async with orch.db.read() as session:
             text = await queue_narration(session, step_id=step_id)
-        if text is None or (said and said[-1] == text):
+        if text is None:
+            started[0] = True
+            return None
+        if said and said[-1] == text:
             return None
         said.append(text)
         body = orjson.dumps({"step_id": step_id, "seq": None, "type": "narration", "text": text})
@@ -109,6 +119,7 @@ async def follow_step(
             state=state,
             ended_before=ended_before,
             narrate=narrate,
+            foreign_writers=not orch.db.is_sqlite,
         ):
             yield chunk
     finally:
@@ -137,6 +148,7 @@ async def follow_run(orch: Orchestrator, run_id: str, from_run_seq: int) -> Asyn
             poll_s=settings.poll_s,
             state={"ended": False},
             ended_before=ended_before,
+            foreign_writers=not orch.db.is_sqlite,
         ):
             yield chunk
     finally:

@@ -9,6 +9,7 @@ import httpx
 import pytest
 
 from orchestratord.api.app import create_app
+from orchestratord.eventlog import LogEvent
 from orchestratord.runtime import Orchestrator
 from orchestratord.settings import Settings
 from test_harness.servers import serve_app
@@ -258,3 +259,40 @@ async def test_long_engine_steps_report_metrics_at_most_once_a_second(db_url: st
         assert kinds[0] == "started" and kinds[-1] == "end"
         tokens = [e for e in events if e.event == "token"]
         assert [t.data["i"] for t in tokens if t.data] == list(range(150))
+
+
+async def test_idle_followers_read_the_log_only_where_other_processes_write(
+    live: httpx.AsyncClient, orch: Orchestrator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import orchestratord.streams.sse as sse
+
+    reads: list[int] = []
+    real = sse.read_run_events
+
+    async def counting(*args: object, **kwargs: object) -> list[LogEvent]:
+        reads.append(1)
+        return await real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(sse, "read_run_events", counting)
+    run_id = await make_run(live)
+    await live.post(f"/v1/runs/{run_id}/facts", json={"type": "x", "data": 1})
+    poll_s = orch.settings.stream.poll_s
+    got = asyncio.Event()
+
+    async def follow() -> None:  # stays connected: leaving would end the server's follower
+        async with live.stream("GET", f"/v1/runs/{run_id}/stream") as r:
+            async for chunk in r.aiter_text():
+                if "event: fact" in chunk:
+                    got.set()
+
+    task = asyncio.create_task(follow())
+    await asyncio.wait_for(got.wait(), 10)
+    at_start = len(reads)
+    await asyncio.sleep(poll_s * 4)  # idle: four quiet waits
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    if orch.db.is_sqlite:
+        assert len(reads) == at_start  # every commit of this one process wakes it instead
+    else:
+        assert len(reads) >= at_start + 2  # other processes may write: it looks again
