@@ -26,6 +26,7 @@ from orchestratord.streams.hub import Channel
 Reader = Callable[[int, int], Awaitable[list[LogEvent]]]
 EndedBefore = Callable[[int], Awaitable[bool]]
 Narrate = Callable[[], Awaitable[bytes | None]]
+_IDLE_WAIT_S = 60.0
 
 
 def encode_frames(events: list[LogEvent], *, run_cursor: bool) -> bytes:
@@ -69,7 +70,10 @@ async def _follow(
                 state["ended"] = True
                 return
             continue
-        quiet = not await channel.wait(cursor, poll_s)
+        # nothing to look for after a quiet wait: sleep until woken (keep-alives are sent
+        # by the response itself)
+        timeout = poll_s if foreign_writers or narrate is not None else _IDLE_WAIT_S
+        quiet = not await channel.wait(cursor, timeout)
         look_in_log = quiet and foreign_writers
         # a step still waiting after a quiet poll is told where it waits (not at the start:
         # most steps start within a poll, and a stream's start is on the TTFT path)
