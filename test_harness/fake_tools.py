@@ -1,9 +1,12 @@
 """A real HTTP tool server for tests, with fault injection and call counting.
 
 Routes (all POST): ``/echo`` (the JSON body back), ``/add`` (``{a, b}`` -> ``{sum}``),
-``/slow?ms=N``, ``/status/{code}``, ``/big?bytes=N`` (a JSON string that long),
-``/invalid-json``, ``/flaky?fail=N&key=K`` (the first N calls per key answer 503).
-``down()`` makes every route answer 503 until ``up()``: a dead endpoint for breakers.
+``/slow?ms=N``, ``/status/{code}?bytes=N`` (an error reply, padded), ``/big?bytes=N`` (a JSON
+string that long; ``&chunked=1`` streams it without a Content-Length), ``/invalid-json``,
+``/flaky?fail=N&key=K`` (the first N calls per key answer 503). ``down()`` makes every route
+answer 503 until ``up()``: a dead endpoint for breakers. ``/slow`` stops waiting when its
+client goes away (counted in ``abandoned``), so a server left with a timed-out call shuts
+down at once.
 """
 
 from __future__ import annotations
@@ -11,12 +14,13 @@ from __future__ import annotations
 import asyncio
 import socket
 from collections import Counter
+from collections.abc import AsyncIterator
 from typing import Any
 
 import orjson
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 
@@ -37,6 +41,8 @@ class FakeToolServer:
         self.calls: Counter[str] = Counter()
         self.flaky: Counter[str] = Counter()
         self.last_idempotency_key: str | None = None
+        self.client_ports: set[int] = set()  # one per TCP connection a client opened
+        self.abandoned = 0  # /slow calls whose client left before the reply
         self.is_down = False
         self.app = Starlette(
             routes=[
@@ -65,24 +71,30 @@ class FakeToolServer:
         return _json({"sum": body["a"] + body["b"]})
 
     async def _slow(self, request: Request) -> Response:
-        await asyncio.sleep(int(request.query_params.get("ms", "1000")) / 1000)
-        return _json({"slow": True})
+        await request.body()  # after the body, the only message left to receive is a disconnect
+        try:
+            async with asyncio.timeout(int(request.query_params.get("ms", "1000")) / 1000):
+                while (await request.receive())["type"] != "http.disconnect":
+                    pass
+        except TimeoutError:
+            return _json({"slow": True})
+        self.abandoned += 1
+        return Response(status_code=499)  # nobody reads it
 
     async def _status(self, request: Request) -> Response:
         code = int(request.path_params["code"])
-        return _json({"error": f"status {code}"}, status=code)
+        padding = "x" * int(request.query_params.get("bytes", "0"))
+        return _json({"error": f"status {code}", "padding": padding}, status=code)
 
     async def _big(self, request: Request) -> Response:
         size = int(request.query_params.get("bytes", "1000"))
         if request.query_params.get("chunked"):
 
-            async def parts() -> Any:
+            async def parts() -> AsyncIterator[bytes]:
                 yield b'"'
-                for _ in range(size // 1000):
-                    yield b"x" * 1000
+                for start in range(0, size, 1000):
+                    yield b"x" * min(1000, size - start)
                 yield b'"'
-
-            from starlette.responses import StreamingResponse
 
             return StreamingResponse(parts(), media_type="application/json")
         return _json("x" * size)
@@ -109,6 +121,8 @@ class _Count:
         if scope["type"] == "http":
             server = self.server
             server.calls[scope["path"]] += 1
+            if scope.get("client"):
+                server.client_ports.add(scope["client"][1])
             for name, value in scope.get("headers", []):
                 if name == b"idempotency-key":
                     server.last_idempotency_key = value.decode()

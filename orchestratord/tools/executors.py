@@ -51,9 +51,16 @@ class _Http:
         )
 
     def target_of(self, inv: ToolInvocation) -> str:
-        url = urlsplit(inv.executor["url"])
-        port = url.port or (443 if url.scheme == "https" else 80)
-        return f"http:{url.scheme}://{url.hostname}:{port}{url.path or '/'}"
+        raw = inv.executor["url"]
+        try:
+            url = urlsplit(raw)
+            port = url.port or (443 if url.scheme == "https" else 80)
+        except ValueError:  # a bad port or IPv6 literal: the call fails, its breaker still counts
+            return f"http:{raw.split('?', 1)[0]}"
+        host = url.hostname or ""
+        if ":" in host:
+            host = f"[{host}]"
+        return f"http:{url.scheme}://{host}:{port}{url.path or '/'}"
 
     async def aclose(self) -> None:
         await self.inner.aclose()
@@ -83,7 +90,11 @@ class ToolExecutors:
         }
 
     def _of(self, inv: ToolInvocation) -> Executor:
-        return self._by_kind[inv.executor["kind"]]
+        kind = inv.executor.get("kind")
+        executor = self._by_kind.get(kind) if isinstance(kind, str) else None
+        if executor is None:  # the flow contract admits only known kinds: a broken row
+            raise ValueError(f"tool {inv.tool!r} has an executor of unknown kind {kind!r}")
+        return executor
 
     async def call(self, inv: ToolInvocation, *, on_retry: OnRetry | None = None) -> Any:
         return await self._of(inv).call(inv, on_retry=on_retry)

@@ -17,7 +17,6 @@ from typing import Any
 import httpx
 import orjson
 
-from orchestrator_core import clock
 from orchestratord.tools.errors import ToolFailure
 
 
@@ -26,12 +25,14 @@ class HttpToolSettings:
     default_timeout_ms: int = 10000
     max_reply_bytes: int = 1_048_576
     max_retries: int = 2
-    backoff_s: float = 0.1
+    backoff_s: float = 0.1  # before the first retry; doubles for each next one
     max_connections: int = 64
 
 
 _RETRY_STATUS = frozenset({429, 500, 502, 503, 504})
 _BACKOFF_CAP_S = 5.0
+# An error reply is read only far enough to quote it: its size is no reason to hide its status.
+_ERROR_EXCERPT_BYTES = 512
 
 
 class HttpToolExecutor:
@@ -61,34 +62,57 @@ class HttpToolExecutor:
         idempotency_key: str,
         on_retry: Callable[[int, str], None] | None = None,
     ) -> Any:
+        """The tool's JSON reply; any failure is a :class:`ToolFailure`.
+
+        ``on_retry(attempt, why)`` is told of each failed attempt that will be retried,
+        before the backoff sleep.
+        """
         settings = self.settings
         body = orjson.dumps(args)
         cap = max_reply_bytes or settings.max_reply_bytes
+        per_attempt_s = (timeout_ms or settings.default_timeout_ms) / 1000
         retries = (
             (settings.max_retries if max_retries is None else max_retries) if idempotent else 0
         )
-        ends_at = None if deadline_s is None else clock.clock.monotonic() + deadline_s
+        # The loop's clock, not the process clock: the loop's timers are what end a wait, and
+        # a frozen test clock must not stretch a real call past its budget.
+        loop = asyncio.get_running_loop()
+        ends_at = None if deadline_s is None else loop.time() + deadline_s
         attempt = 0
-        while True:
-            attempt += 1
-            timeout = (timeout_ms or settings.default_timeout_ms) / 1000
-            if ends_at is not None:
-                timeout = min(timeout, ends_at - clock.clock.monotonic())
-                if timeout <= 0:
-                    raise ToolFailure("timeout", "the step's deadline passed", attempts=attempt - 1)
-            try:
-                return await self._once(url, body, timeout, cap, idempotency_key)
-            except ToolFailure as failure:
-                failure.attempts = attempt
-                if attempt > retries or not failure.retriable:
-                    raise
-                delay = min(_BACKOFF_CAP_S, settings.backoff_s * 2 ** (attempt - 1))
-                delay *= 1 + random.random() * 0.1  # jitter: retries of many steps spread out
-                if ends_at is not None and clock.clock.monotonic() + delay >= ends_at:
-                    raise
-                if on_retry is not None:
-                    on_retry(attempt, failure.message)
-                await asyncio.sleep(delay)
+        try:
+            # The outer bound is the guarantee; the checks inside only fail sooner and clearer.
+            async with asyncio.timeout_at(ends_at):
+                while True:
+                    timeout = per_attempt_s
+                    if ends_at is not None:
+                        timeout = min(timeout, ends_at - loop.time())
+                        if timeout <= 0:
+                            raise ToolFailure(
+                                "timeout", "the step's deadline passed", attempts=attempt
+                            )
+                    attempt += 1
+                    try:
+                        return await self._once(url, body, timeout, cap, idempotency_key)
+                    except ToolFailure as failure:
+                        failure.attempts = attempt
+                        if attempt > retries or not failure.retriable:
+                            raise
+                        delay = min(
+                            _BACKOFF_CAP_S,
+                            settings.backoff_s * 2 ** (attempt - 1) * (1 + random.random() * 0.1),
+                        )  # the jitter spreads out retries of many steps failing together
+                        if ends_at is not None and loop.time() + delay >= ends_at:
+                            raise  # a retry could not finish in time: the real failure says more
+                        if on_retry is not None:
+                            on_retry(attempt, failure.message)
+                        await asyncio.sleep(delay)
+        except TimeoutError as exc:
+            raise ToolFailure(
+                "timeout",
+                "the step's deadline passed",
+                attempts=max(attempt, 1),
+                retriable=True,
+            ) from exc
 
     async def _once(
         self, url: str, body: bytes, timeout_s: float, cap: int, idempotency_key: str
@@ -104,20 +128,29 @@ class HttpToolExecutor:
                 )
                 response = await self.client.send(request, stream=True)
                 try:
-                    data = await self._read(response, cap)
+                    if response.is_success:
+                        data = await _read(response, cap)
+                    else:
+                        data = await _excerpt(response)
                 finally:
                     await response.aclose()
         except (TimeoutError, httpx.TimeoutException) as exc:
             raise ToolFailure(
                 "timeout", f"no reply within {round(timeout_s * 1000)} ms", retriable=True
             ) from exc
+        except (httpx.UnsupportedProtocol, httpx.InvalidURL) as exc:
+            raise ToolFailure("connect", f"bad tool URL {url!r}: {exc}") from exc
         except httpx.TransportError as exc:
             raise ToolFailure("connect", f"{type(exc).__name__}: {exc}", retriable=True) from exc
+        except httpx.DecodingError as exc:  # a Content-Encoding the body does not match
+            raise ToolFailure("invalid_json", f"the reply could not be decoded: {exc}") from exc
+        except (httpx.HTTPError, httpx.StreamError) as exc:
+            raise ToolFailure("connect", f"{type(exc).__name__}: {exc}") from exc
         status = response.status_code
-        if not 200 <= status < 300:
+        if not response.is_success:
             raise ToolFailure(
                 "status",
-                f"HTTP {status}: {data[:200].decode('utf-8', 'replace')}",
+                f"HTTP {status}: {data.decode('utf-8', 'replace')}",
                 status=status,
                 retriable=status in _RETRY_STATUS,
             )
@@ -126,15 +159,25 @@ class HttpToolExecutor:
         except orjson.JSONDecodeError as exc:
             raise ToolFailure("invalid_json", f"the reply is not JSON: {exc}") from exc
 
-    async def _read(self, response: httpx.Response, cap: int) -> bytes:
-        length = response.headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > cap:
-            raise ToolFailure("too_large", f"the reply is {length} bytes, over {cap}")
-        chunks: list[bytes] = []
-        size = 0
-        async for chunk in response.aiter_bytes():
-            size += len(chunk)
-            if size > cap:
-                raise ToolFailure("too_large", f"the reply passed {cap} bytes")
-            chunks.append(chunk)
-        return b"".join(chunks)
+
+async def _read(response: httpx.Response, cap: int) -> bytes:
+    length = response.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > cap:
+        raise ToolFailure("too_large", f"the reply is {length} bytes, over {cap}")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in response.aiter_bytes():
+        size += len(chunk)
+        if size > cap:
+            raise ToolFailure("too_large", f"the reply passed {cap} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def _excerpt(response: httpx.Response) -> bytes:
+    got = b""
+    async for chunk in response.aiter_bytes():
+        got += chunk
+        if len(got) >= _ERROR_EXCERPT_BYTES:
+            return got[:_ERROR_EXCERPT_BYTES] + b"..."
+    return got

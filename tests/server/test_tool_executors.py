@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from orchestratord.tools.builtin import builtin_names
 from orchestratord.tools.errors import ToolFailure
 from orchestratord.tools.executors import HttpToolSettings, ToolExecutors, ToolInvocation
 from test_harness.fake_tools import FakeToolServer, refused_url
@@ -57,6 +58,7 @@ async def test_a_good_call(executors: ToolExecutors, server: tuple[FakeToolServe
     [
         ("/status/500", {}, "status", 500),
         ("/status/404", {}, "status", 404),
+        ("/status/502?bytes=50000", {}, "status", 502),  # an error reply is quoted, not capped
         ("/slow?ms=1000", {"timeout_ms": 30}, "timeout", None),
         ("/big?bytes=20000", {}, "too_large", None),
         ("/big?bytes=20000&chunked=1", {}, "too_large", None),
@@ -79,9 +81,29 @@ async def test_failures_say_why(
     assert got.attempts == 1
 
 
+async def test_a_failure_has_an_error_body(
+    executors: ToolExecutors, server: tuple[FakeToolServer, str]
+) -> None:
+    _, url = server
+    got = await failure(executors, http(f"{url}/status/503"))
+    assert got.details() == {"reason": "status", "attempts": 1, "status": 503}
+    assert got.retriable
+    assert "HTTP 503" in got.message and "status 503" in got.message
+    assert got.__cause__ is None  # a status is no httpx error
+    timeout = await failure(executors, http(f"{url}/slow?ms=1000", timeout_ms=20))
+    assert timeout.details() == {"reason": "timeout", "attempts": 1}
+    assert timeout.__cause__ is not None  # the httpx error stays attached, never raised
+
+
 async def test_a_refused_connection(executors: ToolExecutors) -> None:
     got = await failure(executors, http(refused_url()))
     assert got.reason == "connect" and got.retriable
+
+
+async def test_a_malformed_url_is_a_failure_not_a_crash(executors: ToolExecutors) -> None:
+    got = await failure(executors, http("http://[::1/x", idempotent=True))
+    assert got.reason == "connect" and not got.retriable and got.attempts == 1
+    assert executors.target_of(http("http://[::1/x?q=1")) == "http:http://[::1/x"
 
 
 async def test_the_deadline_wins_over_a_longer_timeout(
@@ -90,6 +112,15 @@ async def test_the_deadline_wins_over_a_longer_timeout(
     _, url = server
     got = await failure(executors, http(f"{url}/slow?ms=2000", deadline_s=0.05, timeout_ms=5000))
     assert got.reason == "timeout"
+
+
+async def test_a_spent_deadline_makes_no_call(
+    executors: ToolExecutors, server: tuple[FakeToolServer, str]
+) -> None:
+    fake, url = server
+    got = await failure(executors, http(f"{url}/echo", deadline_s=0.0, idempotent=True))
+    assert got.reason == "timeout" and got.attempts == 0
+    assert fake.calls["/echo"] == 0
 
 
 @pytest.mark.parametrize(
@@ -121,13 +152,50 @@ async def test_retries_only_for_idempotent_tools(
     assert [n for n, _ in retries] == list(range(1, calls))
 
 
-async def test_a_client_error_is_never_retried(
+async def test_each_retry_is_told_why_and_keeps_the_key(
     executors: ToolExecutors, server: tuple[FakeToolServer, str]
 ) -> None:
     fake, url = server
-    got = await failure(executors, http(f"{url}/status/400", idempotent=True, max_retries=3))
-    assert got.reason == "status" and got.attempts == 1
-    assert fake.calls["/status/400"] == 1
+    told: list[tuple[int, str]] = []
+    inv = http(f"{url}/flaky?fail=1&key=told", idempotent=True)
+    assert (await executors.call(inv, on_retry=lambda n, why: told.append((n, why))))["ok"]
+    assert len(told) == 1 and told[0][0] == 1 and "HTTP 503" in told[0][1]
+    assert fake.last_idempotency_key == "step_1"
+
+
+@pytest.mark.parametrize(
+    ("path", "spec", "reason"),
+    [
+        ("/status/429", {}, "status"),
+        ("/status/502", {}, "status"),
+        ("/slow?ms=1000", {"timeout_ms": 20}, "timeout"),
+    ],
+)
+async def test_retriable_failures_of_idempotent_tools_are_retried(
+    executors: ToolExecutors,
+    server: tuple[FakeToolServer, str],
+    path: str,
+    spec: dict[str, Any],
+    reason: str,
+) -> None:
+    fake, url = server
+    got = await failure(executors, http(f"{url}{path}", idempotent=True, max_retries=2, **spec))
+    assert got.reason == reason and got.attempts == 3
+    seen = fake.calls[path.split("?")[0]]
+    # A short timeout can pass before a loaded server sees the request: at most, not exactly.
+    assert seen == 3 if reason == "status" else seen <= 3
+
+
+@pytest.mark.parametrize(
+    "path", ["/status/400", "/status/404", "/invalid-json", "/big?bytes=20000"]
+)
+async def test_failures_a_retry_cannot_fix_are_never_retried(
+    executors: ToolExecutors, server: tuple[FakeToolServer, str], path: str
+) -> None:
+    fake, url = server
+    got = await failure(executors, http(f"{url}{path}", idempotent=True, max_retries=3))
+    assert got.attempts == 1 and not got.retriable
+    assert fake.calls[path.split("?")[0]] == 1
 
 
 async def test_retries_stop_at_the_deadline(server: tuple[FakeToolServer, str]) -> None:
@@ -139,19 +207,33 @@ async def test_retries_stop_at_the_deadline(server: tuple[FakeToolServer, str]) 
     finally:
         await slow_backoff.aclose()
     assert got.attempts == 1  # a 5 s backoff would pass the deadline: no retry
+    assert got.reason == "status"  # the real failure, not the deadline, is what is reported
     assert fake.calls["/status/503"] == 1
+
+
+async def test_timed_out_attempts_spend_the_deadline(
+    executors: ToolExecutors, server: tuple[FakeToolServer, str]
+) -> None:
+    fake, url = server
+    inv = http(
+        f"{url}/slow?ms=1000", deadline_s=0.1, timeout_ms=20, idempotent=True, max_retries=10
+    )
+    got = await failure(executors, inv)
+    assert got.reason == "timeout"
+    # Eleven attempts of 20 ms each cannot fit in 100 ms: the deadline ended the retries.
+    assert 1 <= got.attempts < 11
+    assert fake.calls["/slow"] <= got.attempts
 
 
 async def test_connections_are_reused(
     executors: ToolExecutors, server: tuple[FakeToolServer, str]
 ) -> None:
-    _, url = server
-    client = executors._by_kind["http"].inner.client  # type: ignore[attr-defined]
+    fake, url = server
     for _ in range(5):
-        await executors.call(http(f"{url}/echo"))
-    assert executors._by_kind["http"].inner.client is client  # type: ignore[attr-defined]
-    pool = client._transport._pool
-    assert len(pool.connections) == 1  # five calls, one connection
+        assert await executors.call(http(f"{url}/echo")) == {"a": 1, "b": 2}
+    await executors.call(http(f"{url}/add"))
+    assert fake.calls["/echo"] == 5
+    assert len(fake.client_ports) == 1  # six calls to one host, one TCP connection
 
 
 async def test_builtins(executors: ToolExecutors) -> None:
@@ -163,12 +245,17 @@ async def test_builtins(executors: ToolExecutors) -> None:
     assert (await failure(executors, builtin("sleep", {"ms": 5000}, 0.01))).reason == "timeout"
     assert (await failure(executors, builtin("sleep", {"ms": "x"}))).reason == "builtin"
     assert (await failure(executors, builtin("nope", {}))).reason == "builtin"
+    assert {"echo", "sleep"} <= set(builtin_names())
 
 
 async def test_targets() -> None:
     ex = ToolExecutors()
     assert ex.target_of(http("http://h.example:8001/a/b?q=1")) == "http:http://h.example:8001/a/b"
     assert ex.target_of(http("https://h.example/x")) == "http:https://h.example:443/x"
+    assert ex.target_of(http("http://[::1]:9/t")) == "http:http://[::1]:9/t"
+    assert ex.target_of(http("http://H.example")) == "http:http://h.example:80/"
     inv = ToolInvocation("t", {}, {"kind": "builtin", "name": "echo"}, None, "s")
     assert ex.target_of(inv) == "builtin:echo"
+    with pytest.raises(ValueError, match="unknown kind"):
+        await ex.call(ToolInvocation("t", {}, {"kind": "grpc"}, None, "s"))
     await ex.aclose()
