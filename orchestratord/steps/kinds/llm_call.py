@@ -187,7 +187,10 @@ class _LlmRun:
             )
             # only a replica's own trouble counts (5xx, timeouts, a dead connection): a
             # request it refused (4xx) says nothing about its health
-            if isinstance(error, AdapterError) and error.retriable and not stopped:
+            if stopped:
+                permit.release()  # cancelled or out of budget: nothing learnt about the replica
+                transition = None
+            elif isinstance(error, AdapterError) and error.retriable:
                 transition = permit.failure(error.message)
             else:
                 transition = permit.success()

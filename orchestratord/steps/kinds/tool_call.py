@@ -144,6 +144,7 @@ class ToolCall(ControlKind):
             call.cancel()
             with contextlib.suppress(asyncio.CancelledError, ToolFailure):
                 await call
+            permit.release()  # stopped before an answer: nothing learnt about the target
             if ctx.budget_stop:
                 body = ToolError(
                     f"tool {name} did not answer within the step's wall budget",
