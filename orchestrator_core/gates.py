@@ -9,7 +9,10 @@ Variables: ``facts``, a list of ``{type, data, step_id, ts}`` in append order, a
 type that cannot be boolean) is refused at submission with its line and column; one whose
 value at run time is not a boolean (or that fails: a missing key) is a step error.
 Limits: expressions of at most ``MAX_EXPR_CHARS`` characters, evaluated over at most
-``MAX_FACTS`` facts (the latest ones); the caller bounds the evaluation time.
+``MAX_FACTS`` facts (the latest ones), and the runtime's own cost limit: 9,999 comprehension
+iterations per evaluation, shared by every macro of the expression (past it the evaluation
+fails with ``reason: "budget"``). The runtime holds the GIL while it evaluates, so a thread
+and a timeout could not bound it; these limits do.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from cel_expr_python import cel
 from orchestrator_core.errors import InvalidParams, OrchestratorError
 
 MAX_EXPR_CHARS = 4096
-MAX_FACTS = 10_000
+MAX_FACTS = 9_999  # one ``exists`` over all of them fits the iteration budget
 _CACHE_SIZE = 256
 _POSITION = re.compile(r"<input>:(\d+):(\d+): ([^\n]*)")
 
@@ -45,7 +48,13 @@ class Gate:
 
     def evaluate(self, facts: list[dict[str, Any]], run: dict[str, Any]) -> bool:
         """The expression's value, or ``GateExprInvalid`` when it is no boolean."""
-        value = self.program.eval(data={"facts": facts[-MAX_FACTS:], "run": run})
+        try:
+            value = self.program.eval(data={"facts": facts[-MAX_FACTS:], "run": run})
+        except RuntimeError as exc:  # the runtime's iteration budget, raised not returned
+            raise GateExprInvalid(
+                f"the expression passed the evaluation budget: {exc}",
+                details={"expr": self.expr, "reason": "budget"},
+            ) from None
         kind = value.type().name().lower()
         if kind == "bool":
             return bool(value.value())

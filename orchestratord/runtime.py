@@ -82,7 +82,6 @@ class Orchestrator:
             tool_breakers=BreakerBoard(breakers.config(breakers.tool_failures)),
             engine_breakers=BreakerBoard(breakers.config(breakers.engine_failures)),
             hub=self.hub,
-            gate_timeout_s=settings.gates.eval_timeout_ms / 1000,
             poll_s=settings.stream.poll_s,
         )
         self.dispatcher = Dispatcher(

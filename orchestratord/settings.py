@@ -80,12 +80,6 @@ class ToolSettings(BaseModel):
     max_connections: int = Field(default=64, ge=1, description="HTTP connections kept to tools")
 
 
-class GateSettings(BaseModel):
-    eval_timeout_ms: int = Field(
-        default=1000, gt=0, description="Longest one evaluation of a gate's CEL expression"
-    )
-
-
 class BreakerSettings(BaseModel):
     """Circuit breakers per tool endpoint and per engine replica, in each process."""
 
@@ -140,7 +134,6 @@ class Settings(BaseSettings):
     admission: AdmissionSettings = Field(default_factory=AdmissionSettings)
     tools: ToolSettings = Field(default_factory=ToolSettings)
     breakers: BreakerSettings = Field(default_factory=BreakerSettings)
-    gates: GateSettings = Field(default_factory=GateSettings)
     price_tables_dir: Path | None = Field(
         default=None, description="Folder of price tables; default: the ones shipped"
     )

@@ -17,7 +17,6 @@ class KindServices:
     tool_breakers: BreakerBoard
     engine_breakers: BreakerBoard
     hub: Hub  # waiting gates follow their run's events
-    gate_timeout_s: float = 1.0
     poll_s: float = 0.5  # how often a waiting gate re-reads for other processes' facts
 
     async def aclose(self) -> None:

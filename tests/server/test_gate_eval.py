@@ -132,3 +132,16 @@ async def test_replay_serves_the_recorded_gate(client: httpx.AsyncClient) -> Non
     )
     assert served["output"] == recorded["output"] and served["output"]["result"] is True
     assert served["replay_outcome"] == "identical"
+
+
+async def test_an_expression_past_the_cost_limit_fails_the_step(client: httpx.AsyncClient) -> None:
+    run_id = await make_run(client)
+    for n in range(120):
+        await fact(client, run_id, "n", n)
+    expr = "facts.exists(a, facts.exists(b, a.data == b.data + 1000))"  # 120 x 120 iterations
+    step = await wait_status(
+        client, (await gate(client, run_id, expr)).json()["step_id"], "succeeded", "failed"
+    )
+    assert step["status"] == "failed"
+    assert step["error"]["code"] == "GATE_EXPR_INVALID"
+    assert step["error"]["details"]["reason"] == "budget"

@@ -1,8 +1,8 @@
 """``gate_eval``: a CEL expression over the run's facts (``orchestrator_core.gates``).
 
 The expression is compiled at submission (422 ``GATE_EXPR_INVALID`` with line and column).
-Running, it is evaluated over the run's facts in a worker thread, bounded by
-``ORCHESTRATORD_GATES__EVAL_TIMEOUT_MS``. With ``wait_ms`` a false gate waits: it is woken by
+Running, it is evaluated over the run's facts, bounded by the CEL runtime's cost limit
+(``orchestrator_core.gates``). With ``wait_ms`` a false gate waits: it is woken by
 each event of its run in this process (a new fact wakes it at once) and, for facts appended
 by other processes, re-reads every ``ORCHESTRATORD_STREAM__POLL_S``; it ends ``false`` when
 the wait runs out. A waiting gate holds a control-plane slot, never an engine slot. The
@@ -51,7 +51,7 @@ class GateEval(ControlKind):
             while True:
                 cursor = channel.last + 1 if channel is not None else 0
                 try:
-                    result = await self._evaluate(ctx, gate, services.gate_timeout_s)
+                    result = await self._evaluate(ctx, gate)
                 except GateExprInvalid as exc:
                     return control.failed(exc.body(), {"result": None})
                 left = ends_at - clock.clock.monotonic()
@@ -80,15 +80,9 @@ class GateEval(ControlKind):
         emit_fact(ctx, fact)
         return control.succeeded({"result": result}, facts=[fact])
 
-    async def _evaluate(self, ctx: StepContext, gate: Gate, timeout_s: float) -> bool:
+    async def _evaluate(self, ctx: StepContext, gate: Gate) -> bool:
         facts, run = await _activation(ctx.db, ctx.run.run_id)
-        try:
-            return await asyncio.wait_for(asyncio.to_thread(gate.evaluate, facts, run), timeout_s)
-        except TimeoutError:
-            raise GateExprInvalid(
-                f"the expression took longer than {round(timeout_s * 1000)} ms",
-                details={"expr": gate.expr, "reason": "timeout"},
-            ) from None
+        return gate.evaluate(facts, run)
 
 
 async def _activation(db: Database, run_id: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
