@@ -99,7 +99,8 @@ class ToolArgsInvalid(OrchestratorError):
         first = errors[0] if errors else {"pointer": "", "message": "invalid"}
         super().__init__(
             f"args of tool {tool!r} do not match its schema: "
-            f"{first['pointer'] or '/'}: {first['message']}"
+            # "/" would name the key "" (RFC 6901), not the arguments themselves
+            f"{first['pointer'] or '(root)'}: {first['message']}"
             + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""),
             details={"tool": tool, "field": "input.args", "errors": errors},
         )

@@ -30,7 +30,6 @@ from orchestrator_core.errors import ToolArgsInvalid
 _CACHE_SIZE = 512
 _MAX_REPR = 80
 _MAX_MESSAGE = 200
-_UNEVALUATED = "Unevaluated properties are not "
 _LISTED = re.compile(r"\((.*) (?:was|were) (?:unexpected|unevaluated and invalid)\)$", re.S)
 
 
@@ -122,7 +121,7 @@ def _errors_of(error: ValidationError) -> list[ArgError]:
         if kind == "additionalProperties" and value is False:
             extra = _additional(instance, error.schema)
             return [ArgError(pointer_of([*path, name]), "is not allowed") for name in extra]
-        if kind == "unevaluatedProperties" and error.message.startswith(_UNEVALUATED):
+        if kind == "unevaluatedProperties":
             names = _unevaluated(error.message)
             if names is not None:
                 text = (

@@ -239,3 +239,12 @@ def test_the_cache_is_bounded() -> None:
 )
 def test_pointer_escaping(path: list[Any], pointer: str) -> None:
     assert pointer_of(path) == pointer
+
+
+def test_an_error_at_the_root_is_named_as_such() -> None:
+    with pytest.raises(ToolArgsInvalid) as info:
+        check_args("add", SCHEMA, [])
+    assert info.value.message.endswith("its schema: (root): [] is not of type 'object'")
+    assert info.value.details["errors"] == [
+        {"pointer": "", "message": "[] is not of type 'object'"}
+    ]

@@ -196,8 +196,8 @@ async def test_a_failing_replica_opens_its_breaker_then_recovers(rig: Rig) -> No
     assert fast["error"]["code"] == "CIRCUIT_OPEN"
     assert fast["error"]["retriable"] is True and fast["error"]["retry_after_ms"] > 0
     assert len(rig.fake.requests) == sent  # failed fast: the engine was not asked
-    await asyncio.sleep(0.35)  # the breaker's open_s, not a timing assertion
     rig.fake.faults = Faults()
+    await asyncio.sleep(0.5)  # past the breaker's open_s (0.3), not a timing assertion
     step_id = (await submit(rig.client, run_id, token="trial")).json()["step_id"]
     await wait_status(rig.client, step_id, "succeeded")
     events = await read_stream(rig.client, f"/v1/steps/{step_id}/stream")

@@ -353,8 +353,8 @@ async def test_breaker_opens_fails_fast_half_opens_and_closes(
     assert server.calls["/echo"] == before  # failed fast: not called
     run_events = await read_run_stream(client, run_id, 7)
     assert [e.data["state"] for e in run_events if e.event == "escalation" and e.data] == ["open"]
-    await asyncio.sleep(0.35)  # the breaker's open_s, not a timing assertion
     server.up()
+    await asyncio.sleep(0.5)  # past the breaker's open_s (0.3), not a timing assertion
     r = await call(client, run_id, "t", {"i": 10}, token="trial")
     trial = await wait_status(client, r.json()["step_id"], "succeeded", "failed")
     assert trial["status"] == "succeeded"
