@@ -62,24 +62,84 @@ def plan_prompt(
 
 
 def plan_schema(tools: list[dict[str, Any]]) -> dict[str, Any]:
-    """The answer: ``{"calls": [...]}``, each call one of the tools with its own args schema."""
-    branches = [
-        {
-            "type": "object",
-            "properties": {"tool": {"const": t["name"]}, "args": t["parameters"]},
-            "required": ["tool", "args"],
-            "additionalProperties": False,
-        }
-        for t in sorted(tools, key=lambda t: t["name"])
-    ]
-    return {
+    """The answer: ``{"calls": [...]}``, each call one of the tools with its own args schema.
+
+    A tool whose parameters use local refs (``#/$defs/x``) is put under the plan's ``$defs``
+    by name, with its refs pointing there: embedded as they are, "#" would mean the plan.
+    (A path through ``anyOf/<i>`` would do for JSON Schema, but llama.cpp's grammar
+    converter resolves refs through objects only.)
+    """
+    branches = []
+    defs: dict[str, Any] = {}
+    for tool in sorted(tools, key=lambda t: t["name"]):
+        args = tool["parameters"]
+        rebased = _rebase_refs(args, f"#/$defs/{tool['name']}")
+        if rebased != args:
+            defs[tool["name"]] = rebased
+            args = {"$ref": f"#/$defs/{tool['name']}"}
+        branches.append(
+            {
+                "type": "object",
+                "properties": {"tool": {"const": tool["name"]}, "args": args},
+                "required": ["tool", "args"],
+                "additionalProperties": False,
+            }
+        )
+    schema: dict[str, Any] = {
         "type": "object",
         "properties": {
-            "calls": {"type": "array", "items": {"anyOf": branches}, "maxItems": MAX_CALLS}
+            "calls": {
+                "type": "array",
+                "items": {"anyOf": branches},
+                "minItems": 0,
+                "maxItems": MAX_CALLS,
+            }
         },
         "required": ["calls"],
         "additionalProperties": False,
     }
+    if defs:
+        schema["$defs"] = defs
+    return schema
+
+
+# Keywords whose values are data, not subschemas: a "$ref" key inside them is not a reference.
+_DATA_KEYWORDS = frozenset({"const", "enum", "default", "examples"})
+# Keywords whose keys are names (a property named "const" is a schema, not data).
+_NAMED_SCHEMAS = frozenset(
+    {"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"}
+)
+
+
+def _rebase_refs(schema: Any, base: str) -> Any:
+    """``schema`` with its local refs (``#/$defs/x``) pointing into the plan schema at ``base``.
+
+    A schema with its own ``$id`` is a resource of its own, where "#" already means itself,
+    so it is kept as it is.
+    """
+    if isinstance(schema, dict) and "$id" in schema:
+        return schema
+    return _rebased(schema, base)
+
+
+def _rebased(node: Any, base: str) -> Any:
+    if isinstance(node, list):
+        return [_rebased(item, base) for item in node]
+    if not isinstance(node, dict):
+        return node
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        if key in ("$ref", "$dynamicRef") and isinstance(value, str) and value.startswith("#/"):
+            out[key] = base + value[1:]
+        elif key == "$ref" and value == "#":
+            out[key] = base
+        elif key in _DATA_KEYWORDS:
+            out[key] = value
+        elif key in _NAMED_SCHEMAS and isinstance(value, dict):
+            out[key] = {name: _rebased(sub, base) for name, sub in value.items()}
+        else:
+            out[key] = _rebased(value, base)
+    return out
 
 
 def loose_plan_schema(tool_names: list[str]) -> dict[str, Any]:
@@ -89,6 +149,7 @@ def loose_plan_schema(tool_names: list[str]) -> dict[str, Any]:
         "properties": {
             "calls": {
                 "type": "array",
+                "minItems": 0,
                 "maxItems": MAX_CALLS,
                 "items": {
                     "type": "object",
@@ -97,10 +158,12 @@ def loose_plan_schema(tool_names: list[str]) -> dict[str, Any]:
                         "args": {"type": "object"},
                     },
                     "required": ["tool", "args"],
+                    "additionalProperties": False,
                 },
             }
         },
         "required": ["calls"],
+        "additionalProperties": False,
     }
 
 
@@ -121,19 +184,30 @@ class Suggestion:
 
 
 def _first_object(text: str) -> Any:
-    """The whole text as JSON, else the first JSON object in it (prose, code fences)."""
+    """The whole text as JSON, else the first JSON object in it (prose, code fences).
+
+    An object with ``calls`` wins over one before it without: a model may echo an example
+    argument object before its answer.
+    """
     try:
         return json.loads(text)
     except ValueError:
         pass
     decoder = json.JSONDecoder()
+    found: list[Any] = []
     start = text.find("{")
     while start != -1:
         try:
-            value, _ = decoder.raw_decode(text, start)
-            return value
+            value, end = decoder.raw_decode(text, start)
         except ValueError:
             start = text.find("{", start + 1)
+            continue
+        if isinstance(value, dict) and "calls" in value:
+            return value
+        found.append(value)
+        start = text.find("{", end)
+    if found:
+        return found[0]
     raise ValueError("no JSON object in the text")
 
 

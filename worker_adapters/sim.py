@@ -3,6 +3,12 @@
 Tokens are a pure function of (prompt, sampling params, seed): a SHA-256 of the three seeds a
 PRNG that picks words from a fixed vocabulary and decides where the sequence ends. It can run
 at a given token rate or as fast as possible (``tokens_per_s=0``), for benchmarks.
+
+A request with a ``json_schema`` gets JSON for it instead (``sim_json``, seeded from the same
+material plus the schema), imperfect on purpose: each object breaks its schema with
+probability ``schema_error_probability`` (default 0.2) and each string ``const`` becomes
+``"unknown_tool"`` with probability ``unknown_tool_probability`` (default 0.05). Requests
+without a schema are untouched by these settings.
 """
 
 from __future__ import annotations
@@ -27,6 +33,8 @@ from worker_adapters.sim_json import SchemaSampler, json_pieces
 from worker_adapters.stops import StopMatcher
 
 SIM_VERSION = "1.0"
+DEFAULT_SCHEMA_ERROR_PROBABILITY = 0.2
+DEFAULT_UNKNOWN_TOOL_PROBABILITY = 0.05
 _WORDS = (
     "the of and to in is that it for on was with as by be this are or at from an not but have "
     "all which one were their they there can more will would about when so what up out into "
@@ -43,6 +51,11 @@ def sim_token_count(text: str) -> int:
     return len(_PIECE.findall(text))
 
 
+def _hash_of(identity: dict[str, object]) -> str:
+    text = json.dumps(identity, sort_keys=True, separators=(",", ":"))
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+
+
 class SimAdapter(WorkerAdapter):
     kind = "sim"
 
@@ -53,6 +66,8 @@ class SimAdapter(WorkerAdapter):
         eos_probability: float = 0.02,
         model: str = "sim-1",
         context_size: int = 8192,
+        schema_error_probability: float = DEFAULT_SCHEMA_ERROR_PROBABILITY,
+        unknown_tool_probability: float = DEFAULT_UNKNOWN_TOOL_PROBABILITY,
     ) -> None:
         if tokens_per_s < 0:
             raise ValueError("tokens_per_s must be >= 0 (0 streams as fast as possible)")
@@ -60,21 +75,26 @@ class SimAdapter(WorkerAdapter):
         self.eos_probability = float(eos_probability)
         self.model = model
         self.context_size = context_size
+        self.schema_error_probability = float(schema_error_probability)
+        self.unknown_tool_probability = float(unknown_tool_probability)
         self._cancelled: set[str] = set()
         self._active: set[str] = set()
-        identity = {
+        identity: dict[str, object] = {
             "engine": "sim",
             "version": SIM_VERSION,
             "vocab": VOCAB,
             "eos_probability": self.eos_probability,
             "model": model,
         }
-        self.model_hash = (
-            "sha256:"
-            + hashlib.sha256(
-                json.dumps(identity, sort_keys=True, separators=(",", ":")).encode()
-            ).hexdigest()
-        )
+        # Plain sampling is seeded by this identity alone, so the JSON settings never move
+        # plain tokens; they join model_hash only when changed, so the default engine keeps
+        # the hash that recorded runs were made with.
+        self._sampling_hash = _hash_of(identity)
+        if self.schema_error_probability != DEFAULT_SCHEMA_ERROR_PROBABILITY:
+            identity["schema_error_probability"] = self.schema_error_probability
+        if self.unknown_tool_probability != DEFAULT_UNKNOWN_TOOL_PROBABILITY:
+            identity["unknown_tool_probability"] = self.unknown_tool_probability
+        self.model_hash = _hash_of(identity)
 
     @property
     def active_requests(self) -> frozenset[str]:
@@ -91,7 +111,7 @@ class SimAdapter(WorkerAdapter):
                 "top_k": int(request.top_k),
                 "stop": list(request.stop),
                 "seed": request.seed,
-                "model": self.model_hash,
+                "model": self._sampling_hash,
             },
             sort_keys=True,
             ensure_ascii=False,
@@ -152,8 +172,14 @@ class SimAdapter(WorkerAdapter):
         self._active.add(rid)
         try:
             schema = json.dumps(request.json_schema, sort_keys=True).encode()
-            seed = hashlib.sha256(self._rng(request).getrandbits(256).to_bytes(32, "big") + schema)
-            sampler = SchemaSampler(random.Random(seed.digest()))
+            # model_hash, unlike the plain seed, covers the JSON settings
+            material = self._rng(request).getrandbits(256).to_bytes(32, "big") + schema
+            seed = hashlib.sha256(material + self.model_hash.encode())
+            sampler = SchemaSampler(
+                random.Random(seed.digest()),
+                error_p=self.schema_error_probability,
+                unknown_p=self.unknown_tool_probability,
+            )
             text = json.dumps(sampler.sample(request.json_schema), ensure_ascii=False)
             pieces = json_pieces(text)
             interval = 1.0 / self.tokens_per_s if self.tokens_per_s > 0 else 0.0
@@ -164,9 +190,9 @@ class SimAdapter(WorkerAdapter):
                 if n >= request.max_tokens:
                     stop_reason = "length"
                     break
+                await asyncio.sleep(interval)
                 if rid in self._cancelled:
                     return
-                await asyncio.sleep(interval)
                 for tok in matcher.push(Token(text=piece, token_id=None)):
                     sent += 1
                     yield tok

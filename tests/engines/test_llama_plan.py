@@ -8,11 +8,15 @@ from pathlib import Path
 
 import httpx
 import pytest
+from jsonschema import Draft202012Validator
 
+from orchestrator_core.plans import plan_prompt, plan_schema
 from orchestratord.api.app import create_app
 from orchestratord.runtime import Orchestrator
 from tests.conftest import make_settings
 from tests.helpers import make_flow, make_run, read_stream, wait_status
+from worker_adapters import Finish, GenerationRequest, Token
+from worker_adapters.llama import LlamaAdapter
 
 pytestmark = pytest.mark.slow
 
@@ -42,6 +46,53 @@ TOOLS = [
 
 
 @pytest.fixture(scope="module")
+def adapter(gguf: Path) -> LlamaAdapter:
+    return LlamaAdapter(model_path=gguf, n_ctx=1024)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+async def test_the_grammar_takes_the_whole_plan_schema(adapter: LlamaAdapter, seed: int) -> None:
+    schema = plan_schema(TOOLS)
+    _, messages = plan_prompt(
+        prompt=None, messages=[{"role": "user", "content": "Add 2 and 3."}], tools=TOOLS
+    )
+    assert messages is not None
+    request = GenerationRequest(
+        request_id=f"plan{seed}",
+        prompt=None,
+        messages=tuple(messages),
+        seed=seed,
+        max_tokens=200,
+        temperature=0.8,
+        json_schema=schema,
+    )
+    events = [e async for e in adapter.stream(request)]
+    finish = events[-1]
+    assert isinstance(finish, Finish) and finish.stop_reason == "eos", finish
+    plan = json.loads("".join(e.text for e in events if isinstance(e, Token)))
+    assert Draft202012Validator(schema).is_valid(plan), plan
+    assert all(call["tool"] in ("add", "echo") for call in plan["calls"])
+
+
+def test_tools_with_refs_convert_to_a_grammar() -> None:
+    from llama_cpp.llama_grammar import LlamaGrammar
+
+    tree = {
+        "name": "tree",
+        "parameters": {
+            "$defs": {"n": {"type": "integer"}},
+            "type": "object",
+            "properties": {
+                "n": {"$ref": "#/$defs/n"},
+                "kids": {"type": "array", "items": {"$ref": "#"}},
+            },
+            "required": ["n"],
+        },
+    }
+    assert LlamaGrammar.from_json_schema(json.dumps(plan_schema([*TOOLS, tree])), verbose=False)
+
+
+@pytest.fixture(scope="module")
 def settings_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("llama-plan") / "db.sqlite"
 
@@ -61,7 +112,7 @@ async def client(gguf: Path, settings_path: Path) -> AsyncIterator[httpx.AsyncCl
 
 async def test_the_real_model_plans_json_that_parses(client: httpx.AsyncClient) -> None:
     flow_id = await make_flow(client, tools=TOOLS)
-    for seed in (1, 2):
+    for seed in (1,):
         run_id = await make_run(client, flow_id, seed=seed)
         r = await client.post(
             f"/v1/runs/{run_id}/steps",
