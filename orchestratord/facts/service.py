@@ -125,13 +125,13 @@ async def _page(
 async def create_checkpoint(
     session: AsyncSession, *, run_id: str, body: CheckpointCreate
 ) -> Checkpoint:
-    await get_run(session, run_id=run_id)
+    run = await get_run(session, run_id=run_id)
     if body.step_id is not None:
         step = await session.get(Step, body.step_id)
         if step is None or step.run_id != run_id:
             raise InvalidParams("no step with this id in the run", field="step_id")
     state = normalize(body.state, "state")
-    cursors = await cursors_in(session, run_id, position=None)
+    cursors = await cursors_in(session, run, position=None)
     cp = Checkpoint(
         checkpoint_id=clock.new_id("ckpt"),
         run_id=run_id,
@@ -162,15 +162,17 @@ async def list_checkpoints(session: AsyncSession, *, run_id: str) -> Sequence[Ch
     )
 
 
-async def cursors_in(session: AsyncSession, run_id: str, *, position: int | None) -> dict[str, Any]:
+async def cursors_in(session: AsyncSession, run: Run, *, position: int | None) -> dict[str, Any]:
     """Where the run stands: its last fact, the last step position (``position``, else the
     last step submitted), its budget usage."""
     last_fact = (
         await session.execute(
-            sa.select(Fact.fact_id).where(Fact.run_id == run_id).order_by(Fact.id.desc()).limit(1)
+            sa.select(Fact.fact_id)
+            .where(Fact.run_id == run.run_id)
+            .order_by(Fact.id.desc())
+            .limit(1)
         )
     ).scalar_one_or_none()
-    run = await get_run(session, run_id=run_id)
     return {
         "last_fact_id": last_fact,
         "last_step_position": run.step_count - 1 if position is None else position,

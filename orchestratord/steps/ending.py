@@ -22,14 +22,4 @@ class Ending:
     provenance: dict[str, Any] | None = None
     error: dict[str, Any] | None = None
     replay_outcome: str | None = None
-    facts: list[NewFact] = field(default_factory=list)
-    rows: list[Any] = field(default_factory=list)  # other rows the step adds (checkpoints)
-
-
-@dataclass(frozen=True)
-class NewFact:
-    """A fact a step appends to its run, committed with its end."""
-
-    fact_id: str
-    type: str
-    data: Any
+    rows: list[Any] = field(default_factory=list)  # rows the step adds: facts, checkpoints

@@ -22,7 +22,6 @@ from orchestrator_core.lifecycle import (
 )
 from orchestratord.db.models import Event, Run, Step
 from orchestratord.eventlog import Finalizer, LogEvent, log_event
-from orchestratord.facts.rows import fact_row
 from orchestratord.runs.ledger import settle
 from orchestratord.steps.ending import Ending
 from orchestratord.steps.queries import get_step
@@ -55,16 +54,6 @@ def ending_finalizer(step_id: str, ending: Ending) -> Finalizer:
         step.error = ending.error
         step.replay_outcome = ending.replay_outcome
         session.add_all(ending.rows)
-        for fact in ending.facts:
-            session.add(
-                fact_row(
-                    run_id=step.run_id,
-                    type=fact.type,
-                    data=fact.data,
-                    emitted_by_step=step.step_id,
-                    fact_id=fact.fact_id,
-                )
-            )
         await settle(
             session,
             step=step,

@@ -19,6 +19,7 @@ from orchestrator_core.canonical import normalize, sha256_of
 from orchestrator_core.replay import StepKey
 from orchestratord.db.models import Checkpoint, Flow
 from orchestratord.facts.service import cursors_in
+from orchestratord.runs.service import get_run
 from orchestratord.steps.ending import Ending
 from orchestratord.steps.kinds.base import StepContext
 from orchestratord.steps.kinds.control import ControlKind, ControlRun, input_key
@@ -40,7 +41,8 @@ class CheckpointStep(ControlKind):
         control = ControlRun(ctx, self.replay_key(step.input, ctx.run.seed), "checkpoint")
         state = step.input["state"]
         async with ctx.db.read() as session:
-            cursors = await cursors_in(session, step.run_id, position=step.position)
+            run = await get_run(session, run_id=step.run_id)  # fresh usage, not the claim's
+            cursors = await cursors_in(session, run, position=step.position)
         row = Checkpoint(
             checkpoint_id=clock.new_id("ckpt"),
             run_id=step.run_id,

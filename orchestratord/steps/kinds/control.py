@@ -11,8 +11,9 @@ from orchestrator_core.generation import LlmInput
 from orchestrator_core.lifecycle import StepStatus
 from orchestrator_core.policy import PolicySubject
 from orchestrator_core.replay import StepKey
-from orchestratord.db.models import Run, Step
-from orchestratord.steps.ending import Ending, NewFact
+from orchestratord.db.models import Fact, Run, Step
+from orchestratord.facts.rows import fact_row
+from orchestratord.steps.ending import Ending
 from orchestratord.steps.kinds.base import StepContext
 
 NO_PARAMS = sha256_of({})
@@ -48,8 +49,12 @@ class ControlKind:
         return input_key(self.step_type, stored, seed)
 
 
-def emit_fact(ctx: StepContext, fact: NewFact) -> None:
-    """A fact the step appends (stored with its end): its ``fact`` event now."""
+def new_fact(ctx: StepContext, fact_type: str, data: Any) -> Fact:
+    """A fact the step appends: its ``fact`` event now, its row with the step's end (put it
+    in the ending's ``rows``)."""
+    fact = fact_row(
+        run_id=ctx.step.run_id, type=fact_type, data=data, emitted_by_step=ctx.step.step_id
+    )
     ctx.emit(
         FactEvent(
             fact_id=fact.fact_id,
@@ -59,6 +64,7 @@ def emit_fact(ctx: StepContext, fact: NewFact) -> None:
             emitted_by_step=ctx.step.step_id,
         )
     )
+    return fact
 
 
 class ControlRun:
@@ -98,7 +104,6 @@ class ControlRun:
         self,
         output: dict[str, Any],
         *,
-        facts: list[NewFact] | None = None,
         rows: list[Any] | None = None,
     ) -> Ending:
         final = self.provenance()
@@ -109,7 +114,6 @@ class ControlRun:
             ),
             output={**output, "stop_reason": "eos"},
             provenance=final,
-            facts=facts or [],
             rows=rows or [],
         )
 

@@ -22,9 +22,9 @@ from orchestrator_core import clock
 from orchestrator_core.gates import MAX_FACTS, Gate, GateExprInvalid, compile_gate
 from orchestratord.db.engine import Database
 from orchestratord.db.models import Fact, Flow, Run
-from orchestratord.steps.ending import Ending, NewFact
+from orchestratord.steps.ending import Ending
 from orchestratord.steps.kinds.base import StepContext
-from orchestratord.steps.kinds.control import ControlKind, ControlRun, emit_fact
+from orchestratord.steps.kinds.control import ControlKind, ControlRun, new_fact
 
 
 class GateEval(ControlKind):
@@ -72,13 +72,8 @@ class GateEval(ControlKind):
         finally:
             if channel is not None:
                 services.hub.unsubscribe_run(step.run_id)
-        fact = NewFact(
-            fact_id=clock.new_id("fact"),
-            type="gate_result",
-            data={"expr": gate.expr, "result": result},
-        )
-        emit_fact(ctx, fact)
-        return control.succeeded({"result": result}, facts=[fact])
+        fact = new_fact(ctx, "gate_result", {"expr": gate.expr, "result": result})
+        return control.succeeded({"result": result}, rows=[fact])
 
     async def _evaluate(self, ctx: StepContext, gate: Gate) -> bool:
         facts, run = await _activation(ctx.db, ctx.run.run_id)

@@ -23,7 +23,6 @@ from contracts.events import (
     NarrationEvent,
 )
 from contracts.steps import ToolCallInput
-from orchestrator_core import clock
 from orchestrator_core.errors import CircuitOpen, InvalidParams, ToolError
 from orchestrator_core.policy import PolicySubject, redact_json
 from orchestrator_core.replay import StepKey
@@ -31,9 +30,9 @@ from orchestrator_core.tools import check_args
 from orchestratord.db.engine import Database
 from orchestratord.db.models import Flow
 from orchestratord.policies import policy_of
-from orchestratord.steps.ending import Ending, NewFact
+from orchestratord.steps.ending import Ending
 from orchestratord.steps.kinds.base import StepContext
-from orchestratord.steps.kinds.control import ControlKind, ControlRun, emit_fact, input_key
+from orchestratord.steps.kinds.control import ControlKind, ControlRun, input_key, new_fact
 from orchestratord.tools.errors import ToolFailure
 from orchestratord.tools.executors import ToolInvocation
 
@@ -171,10 +170,5 @@ class ToolCall(ControlKind):
         decision = policy_of(run).evaluate(self.subject(step.input, model=None, pool=None))
         if decision.patterns:
             result = redact_json(result, decision.patterns)
-        fact = NewFact(
-            fact_id=clock.new_id("fact"),
-            type="tool_result",
-            data={"tool": name, "args": args, "result": result},
-        )
-        emit_fact(ctx, fact)
-        return control.succeeded({"result": result}, facts=[fact])
+        fact = new_fact(ctx, "tool_result", {"tool": name, "args": args, "result": result})
+        return control.succeeded({"result": result}, rows=[fact])
