@@ -11,7 +11,10 @@ from __future__ import annotations
 import abc
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    from worker_adapters.sessions import EngineSession
 
 
 @dataclass(frozen=True)
@@ -28,6 +31,7 @@ class GenerationRequest:
     model: str | None = None
     logprobs: bool = False
     json_schema: dict[str, Any] | None = None
+    session: EngineSession | None = None  # the run's engine session, for session-bound engines
 
     def rendered_prompt(self) -> str:
         """Plain text for engines that take a prompt string and have no chat template."""
@@ -86,6 +90,9 @@ class Health:
 
 class WorkerAdapter(abc.ABC):
     kind: ClassVar[str]
+    # The engine keeps a conversation in a session (``worker_adapters.sessions``): a run's
+    # requests carry the run's session and stay on the replica that holds it.
+    session_bound: ClassVar[bool] = False
 
     async def start(self) -> None:  # noqa: B027 - optional hook
         """Load models or open connections; called once before the replica takes work."""

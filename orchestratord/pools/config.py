@@ -40,9 +40,20 @@ class PoolSpec(BaseModel):
             raise ValueError(
                 "a llama replica has exactly one slot (its state is reset per request)"
             )
-        if self.engine == "openai" and any(not r.url for r in self.replicas):
-            raise ValueError("an openai replica needs its base url, e.g. http://host:8000/v1")
+        needs = _URL_EXAMPLES.get(self.engine)
+        for i, replica in enumerate(self.replicas):
+            if needs is not None and not replica.url:
+                raise ValueError(f"replicas.{i}.url: a{needs}")
         return self
+
+
+# engines whose replicas need a url, and what it looks like
+_URL_EXAMPLES = {
+    "openai": "n openai replica needs its base url, e.g. http://host:8000/v1",
+    "kakeya": " kakeya replica needs its gRPC address as url, e.g. 127.0.0.1:50051",
+    "salience": " salience replica needs its gRPC address as url, e.g. 127.0.0.1:50052",
+    "uma": " uma replica needs its Unix socket as url, e.g. unix:/run/uma.sock",
+}
 
 
 class PoolsFile(BaseModel):

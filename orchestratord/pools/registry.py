@@ -55,6 +55,11 @@ class Pool:
         return sum(r.free for r in self.replicas)
 
     @property
+    def session_bound(self) -> bool:
+        """Its engine keeps a run's conversation in a session on one replica."""
+        return any(r.adapter.session_bound for r in self.replicas)
+
+    @property
     def model_name(self) -> str:
         """The model the pool serves, as its engine reports it (what prices are keyed by)."""
         return str(self.capabilities.get("model") or self.replicas[0].model or self.engine)
@@ -218,8 +223,58 @@ def build_adapter(engine: str, replica: ReplicaSpec, settings: Settings) -> Work
             model_hash=replica.options.get("model_hash"),
             connect_timeout_s=float(replica.options.get("connect_timeout_s", 5.0)),
             read_timeout_s=float(replica.options.get("read_timeout_s", 60.0)),
+            connections=replica.slots,
+        )
+    if engine in ("kakeya", "salience"):
+        return _session_adapter(engine, replica)
+    if engine == "uma":
+        from worker_adapters.uma import UmaAdapter
+
+        assert replica.url is not None  # the pools file validation requires it
+        return UmaAdapter(
+            socket_path=replica.url.removeprefix("unix://").removeprefix("unix:"),
+            model=replica.model or "uma",
+            context_size=int(replica.options.get("context_size", 0)),
+            model_hash=replica.options.get("model_hash"),
+            read_timeout_s=float(replica.options.get("read_timeout_s", 60.0)),
         )
     raise ValueError(f"engine kind {engine!r} is not available in this build")
+
+
+def _session_adapter(engine: str, replica: ReplicaSpec) -> WorkerAdapter:
+    """Kakeya and Salience take raw token ids: the prompt is tokenized here, by the
+    tokenizer the replica names (``options.tokenizer``: ``sim``, or a GGUF file's vocabulary:
+    ``gguf`` for the packaged model, or a path)."""
+    from worker_adapters.sessions import LlamaTokenizer, SimTokenizer, Tokenizer
+
+    assert replica.url is not None  # the pools file validation requires it
+    name = str(replica.options.get("tokenizer", "gguf"))
+    tokenizer: Tokenizer = (
+        SimTokenizer() if name == "sim" else LlamaTokenizer(None if name == "gguf" else name)
+    )
+    model = replica.model or ("sim-1" if name == "sim" else "gemma-3-270m")
+    timeout_s = float(replica.options.get("timeout_s", 30.0))
+    if engine == "kakeya":
+        from worker_adapters.kakeya import KakeyaAdapter
+
+        return KakeyaAdapter(
+            target=replica.url,
+            tokenizer=tokenizer,
+            model=model,
+            context_size=int(replica.options.get("context_size", 4096)),
+            model_hash=replica.options.get("model_hash"),
+            timeout_s=timeout_s,
+        )
+    from worker_adapters.salience import SalienceAdapter
+
+    return SalienceAdapter(
+        target=replica.url,
+        tokenizer=tokenizer,
+        model=model,
+        top_logprobs=int(replica.options.get("top_logprobs", 0)),
+        model_hash=replica.options.get("model_hash"),
+        timeout_s=timeout_s,
+    )
 
 
 def build_registry(specs: list[PoolSpec], settings: Settings) -> PoolRegistry:

@@ -1,0 +1,42 @@
+"""gRPC schemas of the session-bound engine protocols (Kakeya, Salience).
+
+``load()`` returns the generated modules, building them first when missing or stale (see
+``build``). The generated code is untyped; adapters treat its messages as ``Any`` and keep
+them inside their own module.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+from dataclasses import dataclass
+from types import ModuleType
+
+from contracts.protos.build import ensure_built
+
+
+@dataclass(frozen=True)
+class Protos:
+    kakeya: ModuleType  # messages of kakeya.v1
+    kakeya_grpc: ModuleType  # RuntimeServiceStub, RuntimeServiceServicer, add_..._to_server
+    salience: ModuleType  # messages of salience.v1
+    salience_grpc: ModuleType  # SalienceStub, SalienceServicer, add_..._to_server
+
+
+@functools.cache
+def load() -> Protos:
+    ensure_built()
+    importlib.invalidate_caches()
+
+    def mod(name: str) -> ModuleType:
+        return importlib.import_module(f"contracts.protos.gen.{name}")
+
+    return Protos(
+        kakeya=mod("kakeya_runtime_pb2"),
+        kakeya_grpc=mod("kakeya_runtime_pb2_grpc"),
+        salience=mod("salience_pb2"),
+        salience_grpc=mod("salience_pb2_grpc"),
+    )
+
+
+__all__ = ["Protos", "load"]
