@@ -38,6 +38,25 @@ class FrozenClock(Clock):
         self._mono += seconds
 
 
+class SkewedClock(Clock):
+    """Real time pushed forward on demand (tests): waits that the code measures pass at once,
+    while everything else keeps running on the real clock."""
+
+    def __init__(self) -> None:
+        self._skew = 0.0
+
+    def now(self) -> datetime:
+        from datetime import timedelta
+
+        return datetime.now(UTC) + timedelta(seconds=self._skew)
+
+    def monotonic(self) -> float:
+        return time.monotonic() + self._skew
+
+    def advance(self, seconds: float) -> None:
+        self._skew += seconds
+
+
 class IdSource:
     """Monotonic ULIDs: 48-bit milliseconds + 80 random bits, strictly increasing in-process.
 

@@ -12,6 +12,7 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
+from orchestrator_core import clock
 from orchestratord.api.app import create_app
 from orchestratord.db.engine import Database
 from orchestratord.db.migrate import upgrade
@@ -99,6 +100,18 @@ async def live(orch: Orchestrator) -> AsyncIterator[httpx.AsyncClient]:
         httpx.AsyncClient(base_url=url, timeout=30) as c,
     ):
         yield c
+
+
+@pytest.fixture
+def skewed() -> Iterator[clock.SkewedClock]:
+    """Time the code measures (a breaker's open_s) passes when the test says so, however
+    slow the machine: no sleep racing a short interval."""
+    skewed = clock.SkewedClock()
+    previous = clock.set_clock(skewed)
+    try:
+        yield skewed
+    finally:
+        clock.set_clock(previous)
 
 
 @pytest.fixture(scope="session")

@@ -12,6 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from orchestrator_core import clock
 from orchestratord.api.app import create_app
 from orchestratord.pools.config import PoolSpec, ReplicaSpec
 from orchestratord.pools.registry import build_registry
@@ -168,11 +169,13 @@ async def test_pool_view_and_no_key_anywhere(rig: Rig, caplog: pytest.LogCapture
     assert rig.fake.auth_headers[0] == f"Bearer {SECRET}"
 
 
-async def test_a_failing_replica_opens_its_breaker_then_recovers(rig: Rig) -> None:
+async def test_a_failing_replica_opens_its_breaker_then_recovers(
+    rig: Rig, skewed: clock.SkewedClock
+) -> None:
     from orchestrator_core.breakers import BreakerBoard, BreakerConfig
 
     rig.orch.services.engine_breakers = BreakerBoard(
-        BreakerConfig(failure_threshold=2, open_s=0.3, half_open_max_calls=1)
+        BreakerConfig(failure_threshold=2, open_s=60, half_open_max_calls=1)
     )
     run_id = await make_run(rig.client)
     rig.fake.faults = Faults(status=500)
@@ -197,7 +200,7 @@ async def test_a_failing_replica_opens_its_breaker_then_recovers(rig: Rig) -> No
     assert fast["error"]["retriable"] is True and fast["error"]["retry_after_ms"] > 0
     assert len(rig.fake.requests) == sent  # failed fast: the engine was not asked
     rig.fake.faults = Faults()
-    await asyncio.sleep(0.5)  # past the breaker's open_s (0.3), not a timing assertion
+    skewed.advance(61)  # past the breaker's open_s (60)
     step_id = (await submit(rig.client, run_id, token="trial")).json()["step_id"]
     await wait_status(rig.client, step_id, "succeeded")
     events = await read_stream(rig.client, f"/v1/steps/{step_id}/stream")

@@ -9,6 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
+from orchestrator_core import clock
 from test_harness.fake_tools import FakeToolServer, refused_url
 from test_harness.servers import serve_app
 from tests.helpers import make_flow, make_run, read_run_stream, read_stream, wait_status
@@ -321,14 +322,12 @@ async def test_replay_serves_the_recorded_result_without_a_call(
 def settings(db_url: str) -> Any:
     from tests.conftest import make_settings
 
-    return make_settings(db_url, breakers={"tool_failures": 2, "open_s": 0.3})
+    return make_settings(db_url, breakers={"tool_failures": 2, "open_s": 60})
 
 
 async def test_breaker_opens_fails_fast_half_opens_and_closes(
-    live: httpx.AsyncClient, tools: tuple[FakeToolServer, str]
+    live: httpx.AsyncClient, tools: tuple[FakeToolServer, str], skewed: clock.SkewedClock
 ) -> None:
-    import asyncio
-
     client = live
     server, url = tools
     run_id = await run_with(client, http_tool("t", f"{url}/echo"))
@@ -354,7 +353,7 @@ async def test_breaker_opens_fails_fast_half_opens_and_closes(
     run_events = await read_run_stream(client, run_id, 7)
     assert [e.data["state"] for e in run_events if e.event == "escalation" and e.data] == ["open"]
     server.up()
-    await asyncio.sleep(0.5)  # past the breaker's open_s (0.3), not a timing assertion
+    skewed.advance(61)  # past the breaker's open_s (60)
     r = await call(client, run_id, "t", {"i": 10}, token="trial")
     trial = await wait_status(client, r.json()["step_id"], "succeeded", "failed")
     assert trial["status"] == "succeeded"
