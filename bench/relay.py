@@ -273,14 +273,15 @@ class Server:
         self.port = port
         self.base_url = f"http://127.0.0.1:{port}"
         self.log_path = log_path
+        self.cwd = ROOT  # the checkout whose code runs (``-m`` imports from the cwd first)
         self.proc: subprocess.Popen[bytes] | None = None
 
-    async def start(self, timeout_s: float = 60.0) -> None:
+    async def start(self, timeout_s: float = 60.0, probe: str = "/healthz") -> None:
         log = self.log_path.open("wb")
         self.proc = subprocess.Popen(
             self.argv,
             env=self.env,
-            cwd=ROOT,
+            cwd=self.cwd,
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -289,14 +290,14 @@ class Server:
         log.close()
         _children.append(self.proc)
         deadline = time.monotonic() + timeout_s
-        async with httpx.AsyncClient(base_url=self.base_url, timeout=2.0) as probe:
+        async with httpx.AsyncClient(base_url=self.base_url, timeout=2.0) as client:
             while time.monotonic() < deadline:
                 if self.proc.poll() is not None:
                     raise RuntimeError(
                         f"{self.name} exited with {self.proc.returncode}:\n{self.log_tail()}"
                     )
                 with contextlib.suppress(httpx.HTTPError):
-                    if (await probe.get("/healthz")).status_code == 200:
+                    if (await client.get(probe)).status_code == 200:
                         return
                 await asyncio.sleep(0.1)
         raise RuntimeError(f"{self.name} not ready after {timeout_s}s:\n{self.log_tail()}")

@@ -59,6 +59,8 @@ def serve(args: argparse.Namespace) -> int:
         app,
         host=settings.host,
         port=settings.port,
+        loop=settings.loop,
+        http=settings.http,
         log_level=settings.log_level,
         log_config=None,
         timeout_graceful_shutdown=5,

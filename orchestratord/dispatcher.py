@@ -134,6 +134,8 @@ class Dispatcher:
                         )
                         for step, run in rows:
                             pinned = step.replica_id if step.replay_of else None
+                            if pinned is None and pool.session_bound:  # where its session is
+                                pinned = self.services.sessions.replica_of(run.run_id, pool.pool_id)
                             replica = pool.acquire(pinned)
                             if replica is None:
                                 if pinned is not None:

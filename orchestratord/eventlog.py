@@ -70,12 +70,19 @@ _BASE_FIELDS = {"step_id", "seq", "type"}
 
 _EVENTS = cast(sa.Table, Event.__table__)
 _RUNS = cast(sa.Table, Run.__table__)
+
+# At most this many token events share a row, so a reader looking for cursor ``c`` finds the
+# row holding it among those starting at ``c - MAX_SPAN + 1`` or later: the unique indexes
+# on ``(step_id, seq)`` and ``(run_id, run_seq)`` serve every read, and no third index is
+# maintained on the hot path.
+MAX_SPAN = 256
+
 # Prepared once: Core statements skip the ORM's per-row bulk machinery on the hot path.
 _INSERT_SQL = {
-    "qmark": "INSERT INTO events (run_id, run_seq, step_id, seq, type, data) "
-    "VALUES (?, ?, ?, ?, ?, ?)",
-    "numeric_dollar": "INSERT INTO events (run_id, run_seq, step_id, seq, type, data) "
-    "VALUES ($1, $2, $3, $4, $5, $6)",
+    "qmark": "INSERT INTO events (run_id, run_seq, step_id, seq, type, data, span) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?)",
+    "numeric_dollar": "INSERT INTO events (run_id, run_seq, step_id, seq, type, data, span) "
+    "VALUES ($1, $2, $3, $4, $5, $6, $7)",
 }
 _TAKE_RUN_SEQ = (
     _RUNS.update()
@@ -83,10 +90,63 @@ _TAKE_RUN_SEQ = (
     .values(event_seq=_RUNS.c.event_seq + sa.bindparam("b_count", type_=sa.BigInteger))
     .returning(_RUNS.c.event_seq)
 )
+_TOKEN = EventType.TOKEN.value
+
+# PostgreSQL: every transaction that appends events also NOTIFYs this channel with the keys it
+# touched (``s:<step_id>``, ``r:<run_id>``, or ``*``), prefixed by the writing process's
+# origin. Delivered at commit, never carrying events: other processes' followers wake and
+# read the log (``streams/wakeups.py``).
+WAKE_CHANNEL = "orchestratord_log"
+_WAKE_PAYLOAD_MAX = 7900  # the server's limit is 8000 bytes
+_NOTIFY = sa.text("SELECT pg_notify(:channel, :payload)")
 
 
-async def insert_events(session: AsyncSession, events: Sequence[LogEvent]) -> None:
-    """Append ``events`` in this transaction, assigning their run cursors."""
+def wake_payload(origin: str, events: Sequence[LogEvent]) -> str:
+    keys = {f"r:{ev.run_id}" for ev in events}
+    keys.update(f"s:{ev.step_id}" for ev in events if ev.step_id is not None)
+    payload = f"{origin} {' '.join(sorted(keys))}"
+    return payload if len(payload) <= _WAKE_PAYLOAD_MAX else f"{origin} *"
+
+
+def _by_step(batch: list[LogEvent]) -> list[LogEvent]:
+    """The run's events grouped by step (each step's in order, steps by first appearance), so
+    a step's tokens take consecutive run cursors and can share a row. They commit together,
+    so no reader could have seen another order."""
+    groups: dict[str | None, list[LogEvent]] = {}
+    for ev in batch:
+        groups.setdefault(ev.step_id, []).append(ev)
+    if len(groups) == 1:
+        return batch
+    return [ev for group in groups.values() for ev in group]
+
+
+def _rows(events: list[LogEvent]) -> list[tuple[Any, ...]]:
+    """One row per event, except runs of consecutive token events of one step: one row each
+    (up to ``MAX_SPAN``), their JSON texts joined by newlines (JSON text has none)."""
+    rows: list[tuple[Any, ...]] = []
+    i, n = 0, len(events)
+    while i < n:
+        ev = events[i]
+        j = i + 1
+        if ev.type == _TOKEN:
+            while (
+                j < n
+                and j - i < MAX_SPAN
+                and events[j].type == _TOKEN
+                and events[j].step_id == ev.step_id
+                and events[j].run_seq == ev.run_seq + (j - i)
+                and events[j].seq == (ev.seq or 0) + (j - i)
+            ):
+                j += 1
+        data = ev.data if j == i + 1 else b"\n".join(e.data for e in events[i:j])
+        rows.append((ev.run_id, ev.run_seq, ev.step_id, ev.seq, ev.type, data.decode(), j - i))
+        i = j
+    return rows
+
+
+async def insert_events(session: AsyncSession, events: Sequence[LogEvent]) -> list[LogEvent]:
+    """Append ``events`` in this transaction, assigning their run cursors; returns them in
+    run-cursor order (each run's grouped by step), the order to publish them in."""
     conn = await session.connection()
     per_run: dict[str, list[LogEvent]] = defaultdict(list)
     for ev in events:
@@ -116,76 +176,130 @@ async def insert_events(session: AsyncSession, events: Sequence[LogEvent]) -> No
             .returning(_RUNS.c.run_id, _RUNS.c.event_seq)
         )
         tops = {run_id: top for run_id, top in rows}
+    ordered: list[LogEvent] = []
     for run_id in runs:
-        batch = per_run[run_id]
+        batch = _by_step(per_run[run_id])
         first = tops[run_id] - len(batch)
         for offset, ev in enumerate(batch):
             ev.run_seq = first + offset
+        ordered.extend(batch)
     # The driver's own executemany with plain tuples: per row, no parameter processing.
-    await conn.exec_driver_sql(
-        _INSERT_SQL[conn.dialect.paramstyle],
-        [(ev.run_id, ev.run_seq, ev.step_id, ev.seq, ev.type, ev.data.decode()) for ev in events],
+    await conn.exec_driver_sql(_INSERT_SQL[conn.dialect.paramstyle], _rows(ordered))
+    origin = session.info.get("origin")
+    if origin is not None and conn.dialect.name == "postgresql":
+        await conn.execute(
+            _NOTIFY, {"channel": WAKE_CHANNEL, "payload": wake_payload(origin, ordered)}
+        )
+    return ordered
+
+
+EVENT_COLUMNS = (
+    Event.run_id,
+    Event.run_seq,
+    Event.step_id,
+    Event.seq,
+    Event.type,
+    Event.data,
+    Event.span,
+)
+
+
+def expand(rows: Sequence[Any]) -> list[LogEvent]:
+    """Events from stored rows (columns as ``EVENT_COLUMNS``), a coalesced row into its events."""
+    out: list[LogEvent] = []
+    for run_id, run_seq, step_id, seq, etype, data, span in rows:
+        if span == 1:
+            out.append(LogEvent(run_id, step_id, seq, etype, data.encode(), run_seq))
+            continue
+        for k, part in enumerate(data.encode().split(b"\n")):
+            out.append(LogEvent(run_id, step_id, seq + k, etype, part, run_seq + k))
+    return out
+
+
+def _window(key: Any, cursor: Any) -> Any:
+    return (
+        key == sa.bindparam("key"),
+        cursor >= sa.bindparam("low"),
+        cursor + Event.span > sa.bindparam("cursor"),
     )
 
 
-def _rows_to_events(rows: Sequence[Any]) -> list[LogEvent]:
-    return [LogEvent(r[0], r[2], r[3], r[4], r[5].encode(), run_seq=r[1]) for r in rows]
+_STEP_READ = (
+    sa.select(*EVENT_COLUMNS)
+    .where(*_window(Event.step_id, Event.seq))
+    .order_by(Event.seq)
+    .limit(sa.bindparam("limit", type_=sa.Integer))
+)
+_RUN_READ = (
+    sa.select(*EVENT_COLUMNS)
+    .where(*_window(Event.run_id, Event.run_seq))
+    .order_by(Event.run_seq)
+    .limit(sa.bindparam("limit", type_=sa.Integer))
+)
 
 
-_COLUMNS = (Event.run_id, Event.run_seq, Event.step_id, Event.seq, Event.type, Event.data)
-
-
-async def _read(db: Database, where: Any, order: Any, limit: int) -> list[LogEvent]:
+async def _read(db: Database, stmt: Any, key: str, cursor: int, limit: int) -> list[Any]:
+    params = {"key": key, "low": cursor - MAX_SPAN + 1, "cursor": cursor, "limit": limit}
     async with db.read() as session:
-        rows = (
-            await session.execute(sa.select(*_COLUMNS).where(*where).order_by(order).limit(limit))
-        ).all()
-    return _rows_to_events(rows)
+        return list((await session.execute(stmt, params)).all())
 
 
 async def read_step_events(db: Database, step_id: str, from_seq: int, limit: int) -> list[LogEvent]:
-    return await _read(db, (Event.step_id == step_id, Event.seq >= from_seq), Event.seq, limit)
+    events = expand(await _read(db, _STEP_READ, step_id, from_seq, limit))
+    return [ev for ev in events if (ev.seq or 0) >= from_seq] if events else events
 
 
 async def read_run_events(
     db: Database, run_id: str, from_run_seq: int, limit: int
 ) -> list[LogEvent]:
-    return await _read(
-        db, (Event.run_id == run_id, Event.run_seq >= from_run_seq), Event.run_seq, limit
+    events = expand(await _read(db, _RUN_READ, run_id, from_run_seq, limit))
+    return [ev for ev in events if ev.run_seq >= from_run_seq] if events else events
+
+
+async def read_all_step_events(session: AsyncSession, step_id: str) -> list[LogEvent]:
+    """Every event of a step, in order."""
+    rows = await session.execute(
+        sa.select(*EVENT_COLUMNS).where(Event.step_id == step_id).order_by(Event.seq)
     )
+    return expand(rows.all())
+
+
+_STEP_ENDED = (
+    sa.select(Event.seq)
+    .where(
+        Event.step_id == sa.bindparam("key"),
+        Event.seq < sa.bindparam("cursor"),
+        Event.type.in_([t.value for t in TERMINAL_TYPES]),
+    )
+    .limit(1)
+)
+RUN_END = "run_end"
+_RUN_ENDED = (
+    sa.select(Event.run_seq)
+    .where(
+        Event.run_id == sa.bindparam("key"),
+        Event.run_seq < sa.bindparam("cursor"),
+        Event.type == RUN_END,
+    )
+    .limit(1)
+)
+
+
+async def _found(db: Database, stmt: Any, key: str, cursor: int) -> bool:
+    if cursor <= 0:
+        return False  # nothing lies before the first cursor
+    async with db.read() as session:
+        return (await session.execute(stmt, {"key": key, "cursor": cursor})).first() is not None
 
 
 async def step_ended_before(db: Database, step_id: str, cursor: int) -> bool:
     """Whether the step's terminal event has a seq below ``cursor``."""
-    async with db.read() as session:
-        found = (
-            await session.execute(
-                sa.select(Event.seq)
-                .where(
-                    Event.step_id == step_id,
-                    Event.seq < cursor,
-                    Event.type.in_([t.value for t in TERMINAL_TYPES]),
-                )
-                .limit(1)
-            )
-        ).first()
-    return found is not None
-
-
-RUN_END = "run_end"
+    return await _found(db, _STEP_ENDED, step_id, cursor)
 
 
 async def run_ended_before(db: Database, run_id: str, cursor: int) -> bool:
     """Whether the run's ``run_end`` has a run cursor below ``cursor``."""
-    async with db.read() as session:
-        found = (
-            await session.execute(
-                sa.select(Event.run_seq)
-                .where(Event.run_id == run_id, Event.run_seq < cursor, Event.type == RUN_END)
-                .limit(1)
-            )
-        ).first()
-    return found is not None
+    return await _found(db, _RUN_ENDED, run_id, cursor)
 
 
 @dataclass
@@ -301,13 +415,14 @@ class EventWriter:
         for attempt in range(self._retries + 1):
             try:
                 extra: list[LogEvent] = []
-                async with self.db.write() as session:
+                committed: list[LogEvent] = []
+                async with self.db.write(urgent=True) as session:
                     if batch.events:
-                        await insert_events(session, batch.events)
+                        committed = await insert_events(session, batch.events)
                     for _, finalizer in batch.finalizers:
                         extra.extend(await finalizer(session) or ())
                     if extra:
-                        await insert_events(session, extra)
+                        committed = committed + await insert_events(session, extra)
                 break
             except Exception as exc:
                 if attempt == self._retries:
@@ -316,7 +431,7 @@ class EventWriter:
                     return
                 await asyncio.sleep(0.05 * 2**attempt)
         self.commits += 1
-        self._publish(batch.events + extra if extra else batch.events)
+        self._publish(committed)
         for _, fut in batch.waiters:
             if not fut.done():
                 fut.set_result(None)

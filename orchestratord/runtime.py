@@ -14,15 +14,17 @@ from orchestratord.db.engine import Database
 from orchestratord.db.migrate import upgrade
 from orchestratord.dispatcher import Dispatcher, recover_orphans
 from orchestratord.event_logging import EventLogLines
-from orchestratord.eventlog import EventWriter
+from orchestratord.eventlog import RUN_END, EventWriter, LogEvent
 from orchestratord.pools.config import load_pools_file, local_pool
 from orchestratord.pools.registry import PoolRegistry, build_registry
+from orchestratord.pools.sessions import RunSessions
 from orchestratord.prices import PriceBook
 from orchestratord.settings import Settings
 from orchestratord.steps.services import KindServices
 from orchestratord.steps.submission import SubmitContext
 from orchestratord.steps.transition import cancel_step
 from orchestratord.streams.hub import Hub
+from orchestratord.streams.wakeups import LogWakeups
 from orchestratord.tools.executors import HttpToolSettings, ToolExecutors
 from orchestratord.tx import Tx
 
@@ -38,7 +40,12 @@ class Orchestrator:
             max_overflow=settings.db_max_overflow,
         )
         self.hub = Hub(buffer_events=settings.stream.buffer_events)
-        self.publish = EventLogLines(self.hub.publish)
+        self.wakeups = (
+            None
+            if self.db.is_sqlite
+            else LogWakeups(settings.database_url, self.hub, self.db.origin)
+        )
+        self.publish = EventLogLines(self._committed)
         self.writer = EventWriter(
             self.db, self.publish, max_pending=settings.dispatch.max_pending_events
         )
@@ -82,6 +89,7 @@ class Orchestrator:
             tool_breakers=BreakerBoard(breakers.config(breakers.tool_failures)),
             engine_breakers=BreakerBoard(breakers.config(breakers.engine_failures)),
             hub=self.hub,
+            sessions=RunSessions(),
             poll_s=settings.stream.poll_s,
         )
         self.dispatcher = Dispatcher(
@@ -95,6 +103,14 @@ class Orchestrator:
         )
         self._background: set[asyncio.Task[object]] = set()
 
+    def _committed(self, events: list[LogEvent]) -> None:
+        """Committed events: to the live followers; a run that ended closes its engine
+        sessions."""
+        self.hub.publish(events)
+        for ev in events:
+            if ev.type == RUN_END:
+                self._spawn(self.services.sessions.end_run(ev.run_id))
+
     async def start(self, *, migrate: bool = True) -> None:
         if migrate:
             await upgrade(self.db)
@@ -103,6 +119,8 @@ class Orchestrator:
                 n = await recover_orphans(tx)
             if n:
                 log.warning("ended %d steps interrupted by the last shutdown", n)
+        if self.wakeups is not None:
+            await self.wakeups.start()
         await self.pools.refresh()
         self.writer.start()
         self.dispatcher.start()
@@ -116,6 +134,8 @@ class Orchestrator:
             task.cancel()
         await self.pools.aclose()
         await self.services.aclose()
+        if self.wakeups is not None:
+            await self.wakeups.stop()
         await self.db.dispose()
 
     @asynccontextmanager

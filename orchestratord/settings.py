@@ -120,6 +120,12 @@ class Settings(BaseSettings):
     )
     host: str = "127.0.0.1"
     port: int = 8080
+    loop: Literal["auto", "asyncio", "uvloop"] = Field(
+        default="auto", description="Event loop of the server: uvloop where installed (auto)"
+    )
+    http: Literal["auto", "h11", "httptools"] = Field(
+        default="auto", description="HTTP/1.1 parser of the server: httptools where installed"
+    )
     log_level: str = "info"
     log_format: Literal["text", "json"] = "text"
     health_interval_s: float = Field(

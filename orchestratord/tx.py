@@ -20,8 +20,7 @@ class Tx:
         """Write events now; they are published to followers after commit."""
         if not events:
             return
-        await insert_events(self.session, events)
-        self.events.extend(events)
+        self.events.extend(await insert_events(self.session, events))
 
     def after_commit(self, callback: Callable[[], None]) -> None:
         self.callbacks.append(callback)

@@ -106,3 +106,21 @@ async def read_run_stream(live: httpx.AsyncClient, run_id: str, count: int) -> l
             if len(got) >= count:
                 break
     return got
+
+
+async def stored_events(
+    db: Any, *, run_id: str | None = None, step_id: str | None = None
+) -> list[Any]:
+    """The log's events as stored, one per event (coalesced rows expanded), in cursor order."""
+    import sqlalchemy as sa
+
+    from orchestratord.db.models import Event
+    from orchestratord.eventlog import EVENT_COLUMNS, expand
+
+    stmt = sa.select(*EVENT_COLUMNS)
+    if run_id is not None:
+        stmt = stmt.where(Event.run_id == run_id).order_by(Event.run_seq)
+    else:
+        stmt = stmt.where(Event.step_id == step_id).order_by(Event.seq)
+    async with db.read() as session:
+        return expand((await session.execute(stmt)).all())

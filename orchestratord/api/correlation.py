@@ -38,8 +38,12 @@ class CorrelationIdMiddleware:
         token = correlation_id.set(cid)
         raw = cid.encode()
 
+        started = False
+
         async def send_with_id(message: Message) -> None:
-            if message["type"] == "http.response.start":
+            nonlocal started
+            if not started and message["type"] == "http.response.start":
+                started = True
                 headers = [
                     h for h in message.get("headers", []) if h[0].lower() != b"x-correlation-id"
                 ]
@@ -47,16 +51,8 @@ class CorrelationIdMiddleware:
                 message["headers"] = headers
             await send(message)
 
-        started = False
-
-        async def tracking_send(message: Message) -> None:
-            nonlocal started
-            if message["type"] == "http.response.start":
-                started = True
-            await send_with_id(message)
-
         try:
-            await self.app(scope, receive, tracking_send)
+            await self.app(scope, receive, send_with_id)
         except Exception:
             # Answered here, not by Starlette's outer error middleware, so that the body and
             # the log line carry the correlation id.

@@ -135,7 +135,8 @@ class Step(Base):
 class Event(Base):
     """The append-only event log: per step ``(step_id, seq)``, per run ``(run_id, run_seq)``.
 
-    ``data`` holds the encoded JSON exactly as streamed, so it is encoded once.
+    ``data`` holds the encoded JSON exactly as streamed, so it is encoded once. Read it
+    through ``orchestratord.eventlog``, which expands coalesced rows into events.
     """
 
     __tablename__ = "events"
@@ -150,6 +151,12 @@ class Event(Base):
     seq: Mapped[int | None] = mapped_column(sa.Integer)
     type: Mapped[str] = mapped_column(sa.String(24))
     data: Mapped[str] = mapped_column(sa.Text)
+    # How many consecutive events the row holds (token events coalesced by the writer:
+    # ``seq``/``run_seq`` are the first one's, ``data`` their JSON texts joined by newlines).
+    # Storage only: a bundle lists one row per event.
+    span: Mapped[int] = mapped_column(
+        sa.Integer, default=1, server_default="1", info={"bundle": False}
+    )
 
 
 class Fact(Base):

@@ -26,8 +26,8 @@ from orchestrator_core.replay import (
     step_differences,
 )
 from orchestratord.db.engine import Database
-from orchestratord.db.models import Event, Fact, Run, Step
-from orchestratord.eventlog import LogEvent
+from orchestratord.db.models import Fact, Run, Step
+from orchestratord.eventlog import LogEvent, read_all_step_events
 from orchestratord.facts.rows import fact_row
 from orchestratord.pools.registry import PoolRegistry
 from orchestratord.runs.ledger import settle
@@ -90,11 +90,8 @@ def miss_error(
     ).body()
 
 
-async def _recorded_events(session: AsyncSession, step_id: str) -> list[tuple[str, str]]:
-    rows = await session.execute(
-        sa.select(Event.type, Event.data).where(Event.step_id == step_id).order_by(Event.seq)
-    )
-    return [(t, d) for t, d in rows.all()]
+async def _recorded_events(session: AsyncSession, step_id: str) -> list[tuple[str, bytes]]:
+    return [(ev.type, ev.data) for ev in await read_all_step_events(session, step_id)]
 
 
 async def serve_recorded(tx: Tx, *, step: Step, recorded: Step) -> None:

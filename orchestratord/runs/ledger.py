@@ -95,16 +95,31 @@ async def settle(
 ) -> None:
     """Release the step's reservation and charge what it used, in the caller's transaction."""
     await session.execute(
-        sa.update(Run)
-        .where(Run.run_id == step.run_id)
-        .values(
-            tokens_in_used=Run.tokens_in_used + tokens_in,
-            tokens_out_used=Run.tokens_out_used + tokens_out,
-            cost_used_usd=Run.cost_used_usd + cost_usd,
-            tokens_in_reserved=Run.tokens_in_reserved - step.tokens_in_reserved,
-            tokens_out_reserved=Run.tokens_out_reserved - step.tokens_out_reserved,
-            cost_reserved_usd=Run.cost_reserved_usd - step.cost_reserved_usd,
-            updated_at=clock.now(),
-        )
-        .execution_options(synchronize_session=False)
+        _SETTLE,
+        {
+            "b_run_id": step.run_id,
+            "used_in": tokens_in,
+            "used_out": tokens_out,
+            "used_cost": cost_usd,
+            "held_in": step.tokens_in_reserved,
+            "held_out": step.tokens_out_reserved,
+            "held_cost": step.cost_reserved_usd,
+            "b_now": clock.now(),
+        },
     )
+
+
+_SETTLE = (
+    sa.update(Run)
+    .where(Run.run_id == sa.bindparam("b_run_id"))
+    .values(
+        tokens_in_used=Run.tokens_in_used + sa.bindparam("used_in", type_=sa.BigInteger),
+        tokens_out_used=Run.tokens_out_used + sa.bindparam("used_out", type_=sa.BigInteger),
+        cost_used_usd=Run.cost_used_usd + sa.bindparam("used_cost", type_=sa.Float),
+        tokens_in_reserved=Run.tokens_in_reserved - sa.bindparam("held_in", type_=sa.BigInteger),
+        tokens_out_reserved=Run.tokens_out_reserved - sa.bindparam("held_out", type_=sa.BigInteger),
+        cost_reserved_usd=Run.cost_reserved_usd - sa.bindparam("held_cost", type_=sa.Float),
+        updated_at=sa.bindparam("b_now", type_=Run.__table__.c.updated_at.type),
+    )
+    .execution_options(synchronize_session=False)
+)

@@ -29,6 +29,8 @@ from orchestrator_core.event_order import EventOrder, EventOrderError, EventType
 from orchestrator_core.flows import flow_id_for, normalize_flow
 from orchestrator_core.lifecycle import RunStatus, StepStatus
 from orchestratord.db.models import Checkpoint, Event, Fact, Flow, Run, Step
+from orchestratord.eventlog import EVENT_COLUMNS as _EVENT_COLUMNS
+from orchestratord.eventlog import expand
 from orchestratord.tx import Tx
 
 Row = dict[str, Any]
@@ -56,8 +58,12 @@ _INT_BITS = ((sa.BigInteger, 63), (sa.SmallInteger, 15), (sa.Integer, 31))
 
 
 def _columns(table: sa.Table) -> list[sa.Column[Any]]:
-    """The columns that travel: all but an autoincrement surrogate key."""
-    return [c for c in table.columns if c is not table.autoincrement_column]
+    """The columns that travel: all but an autoincrement surrogate key and storage detail."""
+    return [
+        c
+        for c in table.columns
+        if c is not table.autoincrement_column and c.info.get("bundle", True)
+    ]
 
 
 def _rfc3339(value: datetime) -> str:
@@ -157,6 +163,22 @@ async def _select(session: AsyncSession, table: sa.Table, where: Any, order: str
     return [_encode(table, r) for r in (await session.execute(stmt)).mappings()]
 
 
+async def _event_rows(session: AsyncSession, run_id: str) -> list[Row]:
+    """The run's events, one row per event (the log may store several in one row)."""
+    stmt = sa.select(*_EVENT_COLUMNS).where(Event.run_id == run_id).order_by(Event.run_seq)
+    return [
+        {
+            "run_id": ev.run_id,
+            "run_seq": ev.run_seq,
+            "step_id": ev.step_id,
+            "seq": ev.seq,
+            "type": ev.type,
+            "data": ev.data.decode(),
+        }
+        for ev in expand((await session.execute(stmt)).all())
+    ]
+
+
 async def _owned_rows(session: AsyncSession, run_id: str) -> dict[str, Any]:
     """The run's row and the rows it owns, encoded as a bundle carries them."""
     body: dict[str, Any] = {}
@@ -165,6 +187,9 @@ async def _owned_rows(session: AsyncSession, run_id: str) -> dict[str, Any]:
         raise NotFound("run", run_id)
     body["run"] = runs[0]
     for table, order in _OWNED:
+        if table is _EVENTS:
+            body["events"] = await _event_rows(session, run_id)
+            continue
         body[str(table.name)] = await _select(session, table, table.c.run_id == run_id, order)
     return body
 

@@ -13,12 +13,21 @@ from orchestrator_core.errors import Conflict, NotFound
 from orchestrator_core.lifecycle import StepStatus
 from orchestratord.db.models import Run, Step
 
+# Statements on request paths are built once (bound parameters), not per call: building a
+# select costs more Python than SQLite takes to run it.
+_BY_TOKEN = sa.select(Step).where(
+    Step.run_id == sa.bindparam("run_id"), Step.client_token == sa.bindparam("token")
+)
+_BY_ID = sa.select(Step).where(Step.step_id == sa.bindparam("step_id"))
+_BY_ID_LOCKED = _BY_ID.with_for_update(key_share=True)
+_CANCEL_ON_DISCONNECT = sa.select(Step.cancel_on_disconnect).where(
+    Step.step_id == sa.bindparam("step_id")
+)
+
 
 async def by_token(session: AsyncSession, run_id: str, token: str) -> Step | None:
     return (
-        await session.execute(
-            sa.select(Step).where(Step.run_id == run_id, Step.client_token == token)
-        )
+        await session.execute(_BY_TOKEN, {"run_id": run_id, "token": token})
     ).scalar_one_or_none()
 
 
@@ -32,13 +41,19 @@ def same_request(step: Step, request_hash: str) -> Step:
 
 
 async def get_step(session: AsyncSession, *, step_id: str, lock: bool = False) -> Step:
-    stmt = sa.select(Step).where(Step.step_id == step_id)
-    if lock:
-        stmt = stmt.with_for_update(key_share=True)
-    step = (await session.execute(stmt)).scalar_one_or_none()
+    stmt = _BY_ID_LOCKED if lock else _BY_ID
+    step = (await session.execute(stmt, {"step_id": step_id})).scalar_one_or_none()
     if step is None:
         raise NotFound("step", step_id)
     return step
+
+
+async def cancel_on_disconnect(session: AsyncSession, *, step_id: str) -> bool:
+    """The one column a stream needs of its step (404 when there is no such step)."""
+    found = (await session.execute(_CANCEL_ON_DISCONNECT, {"step_id": step_id})).first()
+    if found is None:
+        raise NotFound("step", step_id)
+    return bool(found[0])
 
 
 async def list_steps(session: AsyncSession, *, run_id: str) -> list[Step]:
@@ -95,6 +110,28 @@ def step_view(step: Step) -> dict[str, Any]:
     }
 
 
+def _claim(control: bool, skip_full: bool) -> Any:
+    where = [
+        Step.status == StepStatus.QUEUED.value,
+        Step.pool_id.is_(None) if control else Step.pool_id == sa.bindparam("pool_id"),
+    ]
+    if skip_full:
+        full: Any = sa.bindparam("full", expanding=True)
+        where.append(sa.or_(Step.replay_of.is_(None), Step.replica_id.not_in(full)))
+    return (
+        sa.select(Step, Run)
+        .join(Run, Run.run_id == Step.run_id)
+        .where(*where)
+        .order_by(Step.priority_rank, Step.step_id)
+        .limit(sa.bindparam("limit", type_=sa.Integer))
+        .with_for_update(of=Step, skip_locked=True)
+    )
+
+
+# by (control-plane lane, passing over full replicas)
+_CLAIM = {(c, f): _claim(c, f) for c in (True, False) for f in (True, False)}
+
+
 async def claim_queued(
     session: AsyncSession, *, pool_id: str | None, limit: int, full_replicas: Sequence[str] = ()
 ) -> list[tuple[Step, Run]]:
@@ -104,22 +141,13 @@ async def claim_queued(
 
     Steps pinned to a replica in ``full_replicas`` (strict_replay) are passed over, so they
     wait for their replica without holding back steps that can run elsewhere."""
-    where = [
-        Step.status == StepStatus.QUEUED.value,
-        Step.pool_id.is_(None) if pool_id is None else Step.pool_id == pool_id,
-    ]
+    stmt = _CLAIM[(pool_id is None, bool(full_replicas))]
+    params: dict[str, Any] = {"limit": limit}
+    if pool_id is not None:
+        params["pool_id"] = pool_id
     if full_replicas:
-        where.append(sa.or_(Step.replay_of.is_(None), Step.replica_id.not_in(list(full_replicas))))
-    rows = (
-        await session.execute(
-            sa.select(Step, Run)
-            .join(Run, Run.run_id == Step.run_id)
-            .where(*where)
-            .order_by(Step.priority_rank, Step.step_id)
-            .limit(limit)
-            .with_for_update(of=Step, skip_locked=True)
-        )
-    ).all()
+        params["full"] = list(full_replicas)
+    rows = (await session.execute(stmt, params)).all()
     return [(step, run) for step, run in rows]
 
 

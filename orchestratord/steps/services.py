@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from orchestrator_core.breakers import BreakerBoard
+from orchestratord.pools.sessions import RunSessions
 from orchestratord.streams.hub import Hub
 from orchestratord.tools.executors import ToolExecutors
 
@@ -17,6 +18,7 @@ class KindServices:
     tool_breakers: BreakerBoard
     engine_breakers: BreakerBoard
     hub: Hub  # waiting gates follow their run's events
+    sessions: RunSessions  # engine sessions owned by runs (session-bound engines)
     poll_s: float = 0.5  # how often a waiting gate re-reads for other processes' facts
 
     async def aclose(self) -> None:

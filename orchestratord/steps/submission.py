@@ -133,8 +133,8 @@ class ResolveKind:
     async def apply(self, sub: Submission) -> Submitted | None:
         sub.kind = kind = kind_of(sub.body.type)
         assert isinstance(sub.body.input, kind.input_model)  # the union and the registry agree
-        flow = await sub.session.get(Flow, sub.run.flow_id)
-        assert flow is not None  # runs reference their flow
+        flow = await sub.session.get(Flow, sub.run.flow_id) if kind.uses_flow else None
+        assert flow is not None or not kind.uses_flow  # runs reference their flow
         sub.stored = kind.normalize(sub.body.input, flow=flow, field="input")
         sub.placement = placement_to_json(sub.body.placement)
         return None
@@ -225,6 +225,13 @@ class Quote:
         return None
 
 
+_QUEUED_AT_PRIORITY = (
+    sa.select(sa.func.count())
+    .select_from(Step)
+    .where(Step.status == StepStatus.QUEUED.value, Step.priority == sa.bindparam("priority"))
+)
+
+
 class Admit:
     """Engine kinds wait in a bounded queue per priority (429, or drop the oldest)."""
 
@@ -234,11 +241,7 @@ class Admit:
         if not sub.sqlite:  # one admitter per priority at a time across processes
             await admission_lock(sub.session, sub.body.priority)
         queued = (
-            await sub.session.execute(
-                sa.select(sa.func.count())
-                .select_from(Step)
-                .where(Step.status == StepStatus.QUEUED.value, Step.priority == sub.body.priority)
-            )
+            await sub.session.execute(_QUEUED_AT_PRIORITY, {"priority": sub.body.priority})
         ).scalar_one()
         sub.verdict = admit(sub.ctx.admission, priority=sub.body.priority, queued=queued)
         return None

@@ -130,19 +130,25 @@ async def live_steps(session: AsyncSession, run_id: str) -> int:
     )
 
 
+_RUN_STATE = (
+    sa.select(Run.status, Run.ended_at)
+    .where(Run.run_id == sa.bindparam("run_id"))
+    .with_for_update(key_share=True)
+)
+
+
 async def settle_run_after_step(session: AsyncSession, *, run_id: str) -> list[LogEvent]:
     """After a step's end: a cancelling run becomes cancelled, and a run that was completed
     or cancelled ends (``run_end``, returned to be appended) once no step of it is live."""
-    run = (
-        await session.execute(
-            sa.select(Run).where(Run.run_id == run_id).with_for_update(key_share=True)
-        )
-    ).scalar_one()
-    status = RunStatus(run.status)
-    if status is RunStatus.RUNNING or run.ended_at is not None:
+    # the common case (a running run) reads two columns; the row lock is taken either way
+    status_now, ended_at = (await session.execute(_RUN_STATE, {"run_id": run_id})).one()
+    status = RunStatus(status_now)
+    if status is RunStatus.RUNNING or ended_at is not None:
         return []
     if await live_steps(session, run_id) > 0:
         return []
+    run = await session.get(Run, run_id)
+    assert run is not None
     if status is RunStatus.CANCELLING:
         check_run_transition(status, RunStatus.CANCELLED)
         run.status = RunStatus.CANCELLED.value
@@ -162,8 +168,10 @@ async def end_interrupted(tx: Tx, *, step: Step, message: str) -> None:
     last, tokens = (
         await session.execute(
             sa.select(
-                sa.func.max(Event.seq),
-                sa.func.count().filter(Event.type == EventType.TOKEN.value),
+                sa.func.max(Event.seq + Event.span - 1),
+                sa.func.coalesce(
+                    sa.func.sum(Event.span).filter(Event.type == EventType.TOKEN.value), 0
+                ),
             ).where(Event.step_id == step.step_id)
         )
     ).one()

@@ -3,7 +3,8 @@
 A :class:`Channel` exists only while someone follows it. It keeps a bounded, contiguous tail
 of recent events; a follower whose cursor is older than that tail reads the log in the
 database instead, so a slow reader costs bounded memory and loses nothing. Events written
-by another process never reach this hub: followers also re-read the log every ``poll_s``.
+by another process never reach this hub: a wake-up from that process (PostgreSQL NOTIFY,
+``streams/wakeups.py``) pokes the channel, and its followers read the log.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from orchestratord.eventlog import LogEvent
 
 
 class Channel:
-    __slots__ = ("_buf", "_cursor", "_waiters", "last", "refs")
+    __slots__ = ("_buf", "_cursor", "_waiters", "foreign", "last", "refs")
 
     def __init__(self, cursor: Callable[[LogEvent], int], maxlen: int) -> None:
         self._cursor = cursor
@@ -24,6 +25,7 @@ class Channel:
         self._waiters: set[asyncio.Future[None]] = set()
         self.last = -1
         self.refs = 0
+        self.foreign = 0  # pokes: another process appended events here (read the log)
 
     def publish(self, events: list[LogEvent]) -> None:
         for ev in events:
@@ -34,6 +36,14 @@ class Channel:
                 self._buf.clear()  # a gap (foreign writer): only contiguous tails are served
             self._buf.append(ev)
             self.last = cur
+        self._wake()
+
+    def poke(self) -> None:
+        """Another process appended events to this key: followers read the log."""
+        self.foreign += 1
+        self._wake()
+
+    def _wake(self) -> None:
         for fut in self._waiters:
             if not fut.done():
                 fut.set_result(None)
@@ -55,7 +65,8 @@ class Channel:
         return [self._buf[i] for i in range(start, end)]
 
     async def wait(self, cursor: int, timeout: float) -> bool:
-        """Wait for an event at ``cursor`` or later; False when ``timeout`` passed first."""
+        """Wait for an event at ``cursor`` or later, or a poke; False when ``timeout`` passed
+        first."""
         if self.last >= cursor:
             return True
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -97,6 +108,18 @@ class Hub:
             self._steps[key].publish(evs)
         for key, evs in by_run.items():
             self._runs[key].publish(evs)
+
+    def poke(self, keys: list[str]) -> None:
+        """Wake the followers of ``keys`` (``s:<step_id>``, ``r:<run_id>``) to read the log."""
+        for key in keys:
+            table = self._steps if key.startswith("s:") else self._runs
+            chan = table.get(key[2:])
+            if chan is not None:
+                chan.poke()
+
+    def poke_all(self) -> None:
+        for chan in [*self._steps.values(), *self._runs.values()]:
+            chan.poke()
 
     def subscribe_step(self, step_id: str) -> Channel:
         return self._subscribe(self._steps, step_id, _step_cursor)

@@ -11,7 +11,7 @@ from orchestrator_core.errors import InvalidParams
 from orchestratord.api.deps import orchestrator
 from orchestratord.runs.service import get_run
 from orchestratord.runtime import Orchestrator
-from orchestratord.steps.queries import get_step
+from orchestratord.steps.queries import cancel_on_disconnect
 from orchestratord.streams.sse import follow_run, follow_step
 
 router = APIRouter(tags=["streams"])
@@ -58,11 +58,8 @@ async def stream_step(
 ) -> EventSourceResponse:
     start = _resume_from(last_event_id, after)
     async with orch.db.read() as session:
-        step = await get_step(session, step_id=step_id)
-        cancel_on_disconnect = step.cancel_on_disconnect
-    return _response(
-        orch, follow_step(orch, step_id, start, cancel_on_disconnect=cancel_on_disconnect)
-    )
+        cod = await cancel_on_disconnect(session, step_id=step_id)
+    return _response(orch, follow_step(orch, step_id, start, cancel_on_disconnect=cod))
 
 
 @router.get("/v1/runs/{run_id}/stream", response_class=EventSourceResponse)

@@ -25,8 +25,7 @@ from orchestratord.streams.hub import Channel
 
 Reader = Callable[[int, int], Awaitable[list[LogEvent]]]
 EndedBefore = Callable[[int], Awaitable[bool]]
-Narrate = Callable[[], Awaitable[bytes | None]]
-_IDLE_WAIT_S = 60.0
+_IDLE_WAIT_S = 300.0  # a caught-up follower that every relevant commit wakes looks anyway
 
 
 def encode_frames(events: list[LogEvent], *, run_cursor: bool) -> bytes:
@@ -47,17 +46,16 @@ async def _follow(
     poll_s: float,
     state: dict[str, bool],
     ended_before: EndedBefore | None = None,
-    narrate: Narrate | None = None,
-    foreign_writers: bool = True,
+    narrate: QueueNarration | None = None,
 ) -> AsyncIterator[bytes]:
-    # The log is read at the start, when the live tail cannot serve the cursor, and after a
-    # quiet wait when other processes may write (PostgreSQL). A SQLite deployment is one
-    # process whose every commit reaches the hub: its idle followers never touch the database.
-    look_in_log = True
+    # The log is read at the start, when the live tail cannot serve the cursor, when another
+    # process poked the channel (it appended here), and after a quiet wait of ``poll_s``.
+    # With wake-ups (or one process, SQLite) ``poll_s`` is long: idle followers sleep.
+    seen = -1  # the channel's poke count at our last read of the log; -1: read now
     while True:
         events = channel.take(cursor, batch)
-        if events is None or (not events and look_in_log):
-            look_in_log = False
+        if events is None or (not events and seen != channel.foreign):
+            seen = channel.foreign
             events = await read(cursor, batch)
             if not events and ended_before is not None and await ended_before(cursor):
                 state["ended"] = True  # resumed after the terminal event: nothing follows
@@ -70,15 +68,50 @@ async def _follow(
                 state["ended"] = True
                 return
             continue
-        # nothing to look for after a quiet wait: sleep until woken (keep-alives are sent
-        # by the response itself)
-        timeout = poll_s if foreign_writers or narrate is not None else _IDLE_WAIT_S
-        quiet = not await channel.wait(cursor, timeout)
-        look_in_log = quiet and foreign_writers
-        # a step still waiting after a quiet poll is told where it waits (not at the start:
-        # most steps start within a poll, and a stream's start is on the TTFT path)
-        if quiet and narrate is not None and (frame := await narrate()):
-            yield frame
+        # keep-alives are sent by the response itself; a queued step is told where it waits
+        # after a quiet wait (not at the start: most steps start at once, and a stream's
+        # start is on the time-to-first-token path)
+        waiting = narrate if narrate is not None and narrate.active else None
+        timeout = poll_s if waiting is None else min(poll_s, waiting.poll_s)
+        if not await channel.wait(cursor, timeout):  # a quiet wait: look in the log again
+            seen = -1
+            if waiting is not None and (frame := await waiting()):
+                yield frame
+
+
+class QueueNarration:
+    """A queued step's place in its queue, said after each quiet wait while it waits: a
+    frame without ``id``, not stored. Inactive once the step has left the queue."""
+
+    def __init__(self, orch: Orchestrator, step_id: str) -> None:
+        self._orch = orch
+        self._step_id = step_id
+        self._said: str | None = None
+        self.active = True
+        self.poll_s = orch.settings.stream.poll_s
+
+    async def __call__(self) -> bytes | None:
+        async with self._orch.db.read() as session:
+            text = await queue_narration(session, step_id=self._step_id)
+        if text is None:
+            self.active = False  # a step never queues again
+            return None
+        if text == self._said:
+            return None
+        self._said = text
+        body = orjson.dumps(
+            {"step_id": self._step_id, "seq": None, "type": "narration", "text": text}
+        )
+        return b"event: narration\ndata: %s\n\n" % body
+
+
+def _poll_s(orch: Orchestrator) -> float:
+    """How long a caught-up follower sleeps before it looks in the log anyway: long when
+    every commit that concerns it wakes it (one process, or live wake-ups)."""
+    wakeups = orch.wakeups
+    if orch.db.is_sqlite or (wakeups is not None and wakeups.live):
+        return _IDLE_WAIT_S
+    return orch.settings.stream.poll_s
 
 
 async def follow_step(
@@ -94,24 +127,6 @@ async def follow_step(
     async def ended_before(cursor: int) -> bool:
         return await step_ended_before(orch.db, step_id, cursor)
 
-    said: list[str] = []
-    started = [False]
-
-    async def narrate() -> bytes | None:
-        """A queued step's place in its queue: a frame without ``id``, not stored."""
-        if started[0]:
-            return None  # a step never queues again
-        async with orch.db.read() as session:
-            text = await queue_narration(session, step_id=step_id)
-        if text is None:
-            started[0] = True
-            return None
-        if said and said[-1] == text:
-            return None
-        said.append(text)
-        body = orjson.dumps({"step_id": step_id, "seq": None, "type": "narration", "text": text})
-        return b"event: narration\ndata: %s\n\n" % body
-
     try:
         async for chunk in _follow(
             channel,
@@ -119,11 +134,10 @@ async def follow_step(
             from_seq,
             run_cursor=False,
             batch=settings.read_batch,
-            poll_s=settings.poll_s,
+            poll_s=_poll_s(orch),
             state=state,
             ended_before=ended_before,
-            narrate=narrate,
-            foreign_writers=not orch.db.is_sqlite,
+            narrate=QueueNarration(orch, step_id),
         ):
             yield chunk
     finally:
@@ -149,10 +163,9 @@ async def follow_run(orch: Orchestrator, run_id: str, from_run_seq: int) -> Asyn
             from_run_seq,
             run_cursor=True,
             batch=settings.read_batch,
-            poll_s=settings.poll_s,
+            poll_s=_poll_s(orch),
             state={"ended": False},
             ended_before=ended_before,
-            foreign_writers=not orch.db.is_sqlite,
         ):
             yield chunk
     finally:

@@ -560,20 +560,24 @@ async def test_replay_of_a_recorded_run_is_identical(live: httpx.AsyncClient, st
 async def _tamper_token(orch: Orchestrator, step_id: str, i: int, text: str) -> None:
     """Rewrite one recorded token in the log, as if the record had been made elsewhere."""
     async with orch.db.engine.begin() as conn:
-        row = (
+        rows = (
             await conn.execute(
                 sa.select(Event.id, Event.data).where(
                     Event.step_id == step_id, Event.type == "token"
                 )
             )
         ).all()
-        event_id, data = next(
-            (r.id, json.loads(r.data)) for r in row if json.loads(r.data)["i"] == i
-        )
-        data.update(t=text, token_id=-1)
-        await conn.execute(
-            sa.update(Event).where(Event.id == event_id).values(data=json.dumps(data))
-        )
+        for row in rows:  # a row may hold several token events, one JSON text per line
+            lines = [json.loads(line) for line in row.data.split("\n")]
+            for data in lines:
+                if data["i"] == i:
+                    data.update(t=text, token_id=-1)
+                    stored = "\n".join(json.dumps(d, separators=(",", ":")) for d in lines)
+                    await conn.execute(
+                        sa.update(Event).where(Event.id == row.id).values(data=stored)
+                    )
+                    return
+        raise AssertionError(f"token {i} of {step_id} is not in the log")
 
 
 async def test_strict_replay_reports_a_divergence(

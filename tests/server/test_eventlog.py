@@ -10,7 +10,7 @@ import sqlalchemy as sa
 
 from orchestratord.db.models import Event
 from orchestratord.runtime import Orchestrator
-from tests.helpers import make_run, submit, wait_status
+from tests.helpers import make_run, stored_events, submit, wait_status
 
 
 async def test_concurrent_steps_and_facts_keep_both_logs_gap_free(
@@ -29,14 +29,7 @@ async def test_concurrent_steps_and_facts_keep_both_logs_gap_free(
     step_ids = [r.json()["step_id"] for r in subs if isinstance(r, httpx.Response)]
     for sid in step_ids:
         await wait_status(client, sid, "succeeded")
-    async with orch.db.read() as s:
-        rows = (
-            await s.execute(
-                sa.select(Event.run_seq, Event.step_id, Event.seq, Event.type)
-                .where(Event.run_id == run_id)
-                .order_by(Event.run_seq)
-            )
-        ).all()
+    rows = await stored_events(orch.db, run_id=run_id)
     assert [r.run_seq for r in rows] == list(range(len(rows)))
     assert len(rows) == 12 * 52 + 10
     for sid in step_ids:
@@ -94,20 +87,9 @@ async def test_many_runs_in_one_commit_keep_their_own_cursors(
     subs = await asyncio.gather(*(submit(client, r, token="x", max_tokens=40) for r in runs))
     for r in subs:
         await wait_status(client, r.json()["step_id"], "succeeded")
-    async with orch.db.read() as s:
-        for run_id in runs:
-            seqs = (
-                (
-                    await s.execute(
-                        sa.select(Event.run_seq)
-                        .where(Event.run_id == run_id)
-                        .order_by(Event.run_seq)
-                    )
-                )
-                .scalars()
-                .all()
-            )
-            assert list(seqs) == list(range(42))
+    for run_id in runs:
+        seqs = [ev.run_seq for ev in await stored_events(orch.db, run_id=run_id)]
+        assert seqs == list(range(42))
     assert orch.writer.commits - before < 6 * 42  # runs shared commits
 
 
@@ -122,7 +104,7 @@ async def test_a_log_that_cannot_be_written_ends_the_step(
     async def failing(session, events):  # type: ignore[no-untyped-def]
         if any(ev.type == "token" for ev in events):
             raise RuntimeError("disk full")
-        await real(session, events)
+        return await real(session, events)
 
     monkeypatch.setattr(eventlog, "insert_events", failing)
     run_id = await make_run(client)
@@ -130,13 +112,68 @@ async def test_a_log_that_cannot_be_written_ends_the_step(
     step = await wait_status(client, step_id, "failed", "succeeded")
     assert step["status"] == "failed"
     assert step["error"]["code"] == "INTERNAL" and step["error"]["retriable"] is True
-    async with orch.db.read() as s:
-        rows = (
-            await s.execute(
-                sa.select(Event.seq, Event.type).where(Event.step_id == step_id).order_by(Event.seq)
-            )
-        ).all()
+    rows = await stored_events(orch.db, step_id=step_id)
     assert [r.seq for r in rows] == list(range(len(rows)))
     assert rows[-1].type == "error"
     run = (await client.get(f"/v1/runs/{run_id}")).json()
     assert run["reserved"]["tokens_out"] == 0
+
+
+async def test_token_events_share_rows_and_resume_at_any_token(
+    client: httpx.AsyncClient, orch: Orchestrator
+) -> None:
+    """The writer stores a step's tokens of one commit in one row; readers still serve,
+    and resume at, every single event."""
+    from orchestratord.eventlog import read_run_events, read_step_events
+
+    run_id = await make_run(client)
+    step_id = (await submit(client, run_id, max_tokens=120)).json()["step_id"]
+    await wait_status(client, step_id, "succeeded")
+    events = await stored_events(orch.db, step_id=step_id)
+    assert [ev.seq for ev in events] == list(range(122))
+    async with orch.db.read() as s:
+        rows = (await s.execute(sa.select(Event.span).where(Event.step_id == step_id))).all()
+    assert len(rows) < len(events) / 4 and max(r.span for r in rows) > 1
+    for cursor in range(123):
+        got = await read_step_events(orch.db, step_id, cursor, 500)
+        assert [ev.seq for ev in got] == list(range(cursor, 122))
+        assert [ev.data for ev in got] == [ev.data for ev in events[cursor:]]
+    for cursor in range(0, 123, 7):
+        got = await read_run_events(orch.db, run_id, cursor, 500)
+        assert [ev.run_seq for ev in got] == list(range(cursor, 122))
+    # the stream resumes inside a row, with the same bytes as a live reader saw
+    for after in (5, 60, 119):
+        r = await client.get(f"/v1/steps/{step_id}/stream", headers={"Last-Event-ID": str(after)})
+        ids = [int(line[4:]) for line in r.text.splitlines() if line.startswith("id: ")]
+        assert ids == list(range(after + 1, 122))
+
+
+async def test_rows_hold_at_most_max_span_and_keep_interleaved_steps_apart(
+    client: httpx.AsyncClient, orch: Orchestrator
+) -> None:
+    from orchestratord.eventlog import MAX_SPAN, LogEvent, insert_events
+
+    run_id = await make_run(client)
+    events = []
+    for i in range(MAX_SPAN + 10):  # two steps' tokens interleaved, as parallel steps emit
+        for step in ("step_a", "step_b"):
+            data = b'{"step_id":"%s","seq":%d,"type":"token","i":%d}' % (step.encode(), i, i)
+            events.append(LogEvent(run_id, step, i, "token", data))
+    async with orch.db.write() as s:
+        ordered = await insert_events(s, events)
+    # each step's events took consecutive run cursors, in their own order
+    for step in ("step_a", "step_b"):
+        mine = [ev for ev in ordered if ev.step_id == step]
+        assert [ev.seq for ev in mine] == list(range(MAX_SPAN + 10))
+        assert [ev.run_seq for ev in mine] == list(
+            range(mine[0].run_seq, mine[0].run_seq + MAX_SPAN + 10)
+        )
+        async with orch.db.read() as s:
+            spans = (
+                await s.execute(
+                    sa.select(Event.span).where(Event.step_id == step).order_by(Event.seq)
+                )
+            ).scalars()
+            assert list(spans) == [MAX_SPAN, 10]
+        stored = await stored_events(orch.db, step_id=step)
+        assert [ev.data for ev in stored] == [ev.data for ev in mine]

@@ -73,8 +73,9 @@ class StepKind(Protocol):
     step_type: ClassVar[str]
     input_model: ClassVar[type[BaseModel]]
     engine: ClassVar[bool]  # needs an engine slot: placed on a pool, admitted, priced
+    uses_flow: ClassVar[bool]  # normalize reads the run's flow (its tools); else it gets None
 
-    def normalize(self, parsed: Any, *, flow: Flow, field: str) -> dict[str, Any]:
+    def normalize(self, parsed: Any, *, flow: Flow | None, field: str) -> dict[str, Any]:
         """The stored input: validated against the flow (a tool exists, args match its
         schema), normalized so equal inputs store and hash equal. Errors name ``field.*``."""
         ...

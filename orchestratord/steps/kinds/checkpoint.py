@@ -29,7 +29,7 @@ class CheckpointStep(ControlKind):
     step_type: ClassVar[str] = "checkpoint"
     input_model: ClassVar[type[BaseModel]] = CheckpointInput
 
-    def normalize(self, parsed: Any, *, flow: Flow, field: str) -> dict[str, Any]:
+    def normalize(self, parsed: Any, *, flow: Flow | None, field: str) -> dict[str, Any]:
         assert isinstance(parsed, CheckpointInput)
         return {"state": normalize(parsed.state, f"{field}.state")}
 

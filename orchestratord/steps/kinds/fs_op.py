@@ -35,7 +35,7 @@ class FsOp(ControlKind):
     step_type: ClassVar[str] = "fs_op"
     input_model: ClassVar[type[BaseModel]] = FsOpInput
 
-    def normalize(self, parsed: Any, *, flow: Flow, field: str) -> dict[str, Any]:
+    def normalize(self, parsed: Any, *, flow: Flow | None, field: str) -> dict[str, Any]:
         stored: dict[str, Any] = parsed.model_dump(mode="json", exclude_none=True)
         return stored
 

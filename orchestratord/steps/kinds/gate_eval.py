@@ -31,7 +31,7 @@ class GateEval(ControlKind):
     step_type: ClassVar[str] = "gate_eval"
     input_model: ClassVar[type[BaseModel]] = GateEvalInput
 
-    def normalize(self, parsed: Any, *, flow: Flow, field: str) -> dict[str, Any]:
+    def normalize(self, parsed: Any, *, flow: Flow | None, field: str) -> dict[str, Any]:
         assert isinstance(parsed, GateEvalInput)
         compile_gate(parsed.expr, field=f"{field}.expr")
         stored: dict[str, Any] = {"expr": parsed.expr}

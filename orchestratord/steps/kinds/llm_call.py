@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 from collections import deque
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -45,7 +47,7 @@ from orchestratord.policies import policy_of
 from orchestratord.replay.steps import load_recorded_stream
 from orchestratord.steps.ending import Ending
 from orchestratord.steps.kinds.base import StepContext
-from worker_adapters import AdapterError, EngineUnavailable, Finish, Token
+from worker_adapters import AdapterError, EngineUnavailable, Finish, GenerationRequest, Token
 
 log = logging.getLogger("orchestratord.steps")
 METRICS_EVERY_S = 1.0
@@ -77,8 +79,9 @@ class LlmCall:
     step_type: ClassVar[str] = "llm_call"
     input_model: ClassVar[type[BaseModel]] = LlmCallInput
     engine: ClassVar[bool] = True
+    uses_flow: ClassVar[bool] = False
 
-    def normalize(self, parsed: Any, *, flow: Flow, field: str) -> dict[str, Any]:
+    def normalize(self, parsed: Any, *, flow: Flow | None, field: str) -> dict[str, Any]:
         dumped: dict[str, Any] = parsed.model_dump(mode="json", exclude_none=True)
         return dumped
 
@@ -182,9 +185,10 @@ class _LlmRun:
         if permit is not None:
             if permit.transition is not None:
                 ctx.emit_escalation(permit.transition)
-            stopped, error, replay_stop = await self._stream(
-                request, progress, redactor, comparator
-            )
+            async with self._session(request) as bound:
+                stopped, error, replay_stop = await self._stream(
+                    bound, progress, redactor, comparator
+                )
             # only a replica's own trouble counts (5xx, timeouts, a dead connection): a
             # request it refused (4xx) says nothing about its health
             if stopped:
@@ -289,6 +293,20 @@ class _LlmRun:
             provenance=provenance,
             replay_outcome=outcome,
         )
+
+    @contextlib.asynccontextmanager
+    async def _session(self, request: GenerationRequest) -> AsyncIterator[GenerationRequest]:
+        """On a session-bound engine: the request with its run's session, held meanwhile."""
+        adapter = self.replica.adapter
+        if not adapter.session_bound:
+            yield request
+            return
+        step = self.ctx.step
+        sessions = self.ctx.services.sessions
+        async with sessions.use(
+            step.run_id, self.pool.pool_id, self.replica.replica_id, adapter
+        ) as session:
+            yield dataclasses.replace(request, session=session)
 
     async def _stream(
         self,
@@ -430,6 +448,14 @@ class _LlmRun:
                 if redactor is not None:
                     for text in redactor.flush():
                         emit(held.popleft(), text)
+                if dropped := getattr(item, "truncated", 0):  # a session-bound engine's
+                    reason = getattr(item, "engine_reason", "") or item.stop_reason
+                    self.ctx.emit(
+                        NarrationEvent(
+                            text=f"the engine dropped {dropped} tokens of the run's session "
+                            f"history to fit its window (its stop reason: {reason})"
+                        )
+                    )
                 progress.finish = item
                 return
 

@@ -37,9 +37,10 @@ class LlmPlan(LlmCall):
     step_type: ClassVar[str] = "llm_plan"
     input_model: ClassVar[type[BaseModel]] = LlmPlanInput
     engine: ClassVar[bool] = True
+    uses_flow: ClassVar[bool] = True
 
-    def normalize(self, parsed: Any, *, flow: Flow, field: str) -> dict[str, Any]:
-        assert isinstance(parsed, LlmPlanInput)
+    def normalize(self, parsed: Any, *, flow: Flow | None, field: str) -> dict[str, Any]:
+        assert isinstance(parsed, LlmPlanInput) and flow is not None
         specs = []
         for i, name in enumerate(parsed.tools):
             tool = find_tool(flow, name)

@@ -82,9 +82,10 @@ _FLOW_TOOLS = _FlowTools()
 class ToolCall(ControlKind):
     step_type: ClassVar[str] = "tool_call"
     input_model: ClassVar[type[BaseModel]] = ToolCallInput
+    uses_flow: ClassVar[bool] = True
 
-    def normalize(self, parsed: Any, *, flow: Flow, field: str) -> dict[str, Any]:
-        assert isinstance(parsed, ToolCallInput)
+    def normalize(self, parsed: Any, *, flow: Flow | None, field: str) -> dict[str, Any]:
+        assert isinstance(parsed, ToolCallInput) and flow is not None
         tool = find_tool(flow, parsed.tool)
         if tool is None:
             raise unknown_tool(flow, parsed.tool, f"{field}.tool")

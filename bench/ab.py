@@ -1,0 +1,116 @@
+"""A/B of two checkouts on the rows of bench/latency.py, interleaved in one run.
+
+The machine's speed drifts by tens of percent from minute to minute, so comparing two
+separate runs of ``bench/latency.py`` mixes that drift into the result. Here every round
+starts a server from checkout A, measures, then one from checkout B, and so on; each figure
+is the median over rounds.
+
+    .venv/bin/python bench/ab.py --a /path/to/before --b . [--rounds 3] [--pg]
+        [--a-env ORCHESTRATORD_LOOP=asyncio ...] [--b-env ...]
+
+Writes ``bench/results/ab.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench import latency  # noqa: E402
+
+
+def flat(rows: dict[str, Any]) -> dict[str, float]:
+    return {
+        "idle_ttft_p50_ms": rows["ttft_idle"]["p50_ms"],
+        "loaded_ttft_p99_ms": rows["ttft_loaded"]["ttft_p99_ms"],
+        "tokens_per_cpu_s": rows["relay"]["tokens_per_cpu_s"],
+        **rows["steps"],
+    }
+
+
+async def measure_on(
+    label: str, tree: Path, extra: dict[str, str], env: dict[str, str], tmp: Path, a: Any
+) -> dict[str, float]:
+    pools = ["--pools", str(tmp / "pools.yaml")]
+
+    async def one(url: str) -> dict[str, float]:
+        rows = await latency.orchestratord(str(tree), url, pools, {**env, **extra}, tmp, a, tree)
+        return flat(rows)
+
+    return await latency.on_database(label, a, one, tmp)
+
+
+def parse_env(items: list[str]) -> dict[str, str]:
+    return dict(item.split("=", 1) for item in items)
+
+
+async def main_async(a: argparse.Namespace) -> dict[str, Any]:
+    tmp = Path(tempfile.mkdtemp())
+    fake, upstream = await latency.start_engine(tmp)
+    env = latency.write_pools(tmp, upstream, max(64, a.streams))
+    sides = {"A": (Path(a.a), parse_env(a.a_env)), "B": (Path(a.b), parse_env(a.b_env))}
+    out: dict[str, Any] = {"args": vars(a), "rounds": []}
+    try:
+        for r in range(a.rounds):
+            for name, (tree, extra) in sides.items():
+                for label in ("SQLite", "PostgreSQL") if a.pg else ("SQLite",):
+                    try:
+                        row = await asyncio.wait_for(
+                            measure_on(label, tree, extra, env, tmp, a), a.timeout_s
+                        )
+                    except TimeoutError:  # a stuck round is reported, not waited for
+                        print(f"round {r} {name} {label}: timed out", flush=True)
+                        continue
+                    out["rounds"].append({"round": r, "side": name, "db": label, **row})
+                    print(f"round {r} {name} {label}: {row}", flush=True)
+    finally:
+        await fake.stop()
+    summary: dict[str, Any] = {}
+    for label in ("SQLite", "PostgreSQL") if a.pg else ("SQLite",):
+        for name in sides:
+            rows = [x for x in out["rounds"] if x["side"] == name and x["db"] == label]
+            if not rows:
+                continue
+            keys = [k for k in rows[0] if k not in ("round", "side", "db")]
+            summary[f"{name} {label}"] = {k: statistics.median(x[k] for x in rows) for k in keys}
+    out["median"] = summary
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--a", required=True, help="checkout A (before)")
+    ap.add_argument("--b", default=str(ROOT), help="checkout B (after)")
+    ap.add_argument("--a-env", nargs="*", default=[])
+    ap.add_argument("--b-env", nargs="*", default=[])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--timeout-s", type=float, default=300.0, help="per server and round")
+    ap.add_argument("--pg", action="store_true")
+    ap.add_argument("--pg-url", default="postgresql://postgres@127.0.0.1:5432/postgres")
+    ap.add_argument("--idle-probes", type=int, default=20)
+    ap.add_argument("--streams", type=int, default=50)
+    ap.add_argument("--loaded-tokens", type=int, default=200)
+    ap.add_argument("--relay-streams", type=int, default=20)
+    ap.add_argument("--relay-tokens", type=int, default=1000)
+    ap.add_argument("--step-clients", type=int, default=16)
+    ap.add_argument("--steps-per-client", type=int, default=25)
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "ab.json"))
+    a = ap.parse_args()
+    a.repeat = 1  # one measurement per side and round; the rounds give the median
+    out = asyncio.run(main_async(a))
+    Path(a.out).write_text(json.dumps(out, indent=2, default=str) + "\n")
+    for name, row in out["median"].items():
+        print(name, {k: round(v, 2) for k, v in row.items()})
+
+
+if __name__ == "__main__":
+    main()
