@@ -54,6 +54,7 @@ class OpenAIAdapter(WorkerAdapter):
         read_timeout_s: float = 60.0,
         model_hash: str | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
+        connections: int = 64,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.model = model
@@ -64,6 +65,11 @@ class OpenAIAdapter(WorkerAdapter):
             headers=headers,
             timeout=httpx.Timeout(read_timeout_s, connect=connect_timeout_s),
             transport=transport,
+            # one kept-alive connection per slot (plus health checks): a connection closed
+            # after each generation would cost a TCP handshake on the next one's TTFT
+            limits=httpx.Limits(
+                max_connections=connections + 2, max_keepalive_connections=connections + 2
+            ),
         )
         self._open: dict[str, httpx.Response] = {}
         self._caps: Capabilities | None = None
