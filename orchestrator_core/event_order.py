@@ -55,6 +55,12 @@ class EventOrder:
     def closed(self) -> bool:
         return self._phase == "closed"
 
+    def resume(self, next_seq: int) -> None:
+        """Go on with a log that already holds ``next_seq`` events, ``started`` first and no
+        terminal event (a step queued again after its process was lost)."""
+        self._phase = "body"
+        self.next_seq = next_seq
+
     def accept(self, event_type: EventType) -> int:
         """Admit ``event_type`` and return its seq."""
         phase = self._phase

@@ -38,7 +38,10 @@ _STEP_TERMINAL = frozenset({StepStatus.SUCCEEDED, StepStatus.FAILED, StepStatus.
 
 STEP_TRANSITIONS: dict[StepStatus, frozenset[StepStatus]] = {
     StepStatus.QUEUED: frozenset({StepStatus.RUNNING, StepStatus.CANCELLED, StepStatus.FAILED}),
-    StepStatus.RUNNING: frozenset({StepStatus.SUCCEEDED, StepStatus.FAILED, StepStatus.CANCELLED}),
+    # running -> queued: the process running it was lost before it streamed anything
+    StepStatus.RUNNING: frozenset(
+        {StepStatus.SUCCEEDED, StepStatus.FAILED, StepStatus.CANCELLED, StepStatus.QUEUED}
+    ),
     StepStatus.SUCCEEDED: frozenset(),
     StepStatus.FAILED: frozenset(),
     StepStatus.CANCELLED: frozenset(),

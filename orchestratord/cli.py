@@ -55,7 +55,7 @@ def serve(args: argparse.Namespace) -> int:
             return 2
     configure_logging(settings.log_level, settings.log_format)
     app = create_app(settings)
-    uvicorn.run(
+    config = uvicorn.Config(
         app,
         host=settings.host,
         port=settings.port,
@@ -63,9 +63,12 @@ def serve(args: argparse.Namespace) -> int:
         http=settings.http,
         log_level=settings.log_level,
         log_config=None,
-        timeout_graceful_shutdown=5,
+        timeout_graceful_shutdown=2,  # after the drain, streams are already ended
         timeout_keep_alive=75,  # longer than the idle timeout of usual load balancers
     )
+    from orchestratord.draining import DrainingServer
+
+    DrainingServer(config, app, drain_s=settings.dispatch.drain_s).run()
     return 0
 
 

@@ -5,8 +5,9 @@ kinds that run here: tool calls...), which takes ``control_slots`` steps at a ti
 
 Claims are atomic (``UPDATE ... WHERE status='queued'`` after ``SELECT ... FOR UPDATE SKIP
 LOCKED`` on PostgreSQL), so several processes can share one database without running a step
-twice. A replica never gets more concurrent requests than its slots. Cancels requested
-through another process are picked up by polling ``cancel_requested``.
+twice. A claim leases the step to this process (``steps/leases.py``; the lease keeper in
+``reaper.py`` renews it). A replica never gets more concurrent requests than its slots.
+Cancels requested through another process are picked up by polling ``cancel_requested``.
 """
 
 from __future__ import annotations
@@ -15,19 +16,16 @@ import asyncio
 import contextlib
 import logging
 
-import sqlalchemy as sa
-
 from orchestrator_core.lifecycle import StepStatus
 from orchestratord.db.engine import Database
-from orchestratord.db.models import Step
 from orchestratord.eventlog import EventWriter
 from orchestratord.pools.registry import PoolRegistry, Replica
 from orchestratord.prices import PriceBook
+from orchestratord.steps.leases import LeaseTerms
 from orchestratord.steps.queries import cancel_requested_among, claim_queued
 from orchestratord.steps.running import ClaimedStep, Execution
 from orchestratord.steps.services import KindServices
-from orchestratord.steps.transition import end_interrupted, transition
-from orchestratord.tx import Tx
+from orchestratord.steps.transition import transition
 
 log = logging.getLogger(__name__)
 
@@ -40,12 +38,15 @@ class Dispatcher:
         writer: EventWriter,
         prices: PriceBook,
         services: KindServices,
+        leases: LeaseTerms,
         *,
         poll_s: float = 0.5,
         control_slots: int = 64,
     ) -> None:
         self.db = db
         self.services = services
+        self.leases = leases
+        self.paused = False  # draining: running steps finish, no step is claimed
         self.control_slots = control_slots
         self._control_running = 0
         # Whether steps may be waiting, per lane kind: a claim round costs a write
@@ -94,6 +95,17 @@ class Dispatcher:
             self._pool_hint = True
         self._wake.set()
 
+    def pause(self) -> None:
+        """Claim nothing more (a drain before shutdown); running steps go on."""
+        self.paused = True
+
+    def abandon(self, step_id: str) -> None:
+        """Stop running a step this process no longer holds (its lease was taken over, or
+        it is let go at shutdown): nothing more of it is written here."""
+        execution = self.executions.get(step_id)
+        if execution is not None:
+            execution.abandon()
+
     def cancel(self, step_id: str) -> bool:
         execution = self.executions.get(step_id)
         if execution is None:
@@ -120,6 +132,8 @@ class Dispatcher:
                 await asyncio.sleep(self.poll_s)
 
     async def dispatch_once(self) -> int:
+        if self.paused:
+            return 0
         started = 0
         pools = list(self.pools.pools.values()) if self._pool_hint else []
         self._pool_hint = False
@@ -145,6 +159,7 @@ class Dispatcher:
                             price = self.prices.get(run.price_table).price_for(pool.engine, model)
                             claimed.append((ClaimedStep(step, run, price, pool, replica), replica))
                             transition(step, StepStatus.RUNNING)
+                            self.leases.grant(step)
                             step.replica_id = replica.replica_id
                 except BaseException:
                     for _, replica in claimed:
@@ -164,6 +179,7 @@ class Dispatcher:
                 rows = await claim_queued(session, pool_id=None, limit=free)
                 for step, _ in rows:
                     transition(step, StepStatus.RUNNING)
+                    self.leases.grant(step)
             self._control_running += len(rows)
             self._start([ClaimedStep(step, run) for step, run in rows])
             started += len(rows)
@@ -173,12 +189,16 @@ class Dispatcher:
 
     def _start(self, claimed: list[ClaimedStep]) -> None:
         for item in claimed:
+            stale = self.executions.get(item.step.step_id)
+            if stale is not None:  # its lease ran out while this process stalled
+                stale.abandon()
             execution = Execution(item, self.writer, self.services, self._finished)
             self.executions[execution.step_id] = execution
             execution.start()
 
     def _finished(self, execution: Execution) -> None:
-        self.executions.pop(execution.step_id, None)
+        if self.executions.get(execution.step_id) is execution:
+            del self.executions[execution.step_id]
         if execution.pool is not None and execution.replica is not None:
             execution.pool.release(execution.replica)
             self.wake()
@@ -193,28 +213,3 @@ class Dispatcher:
         async with self.db.read() as session:
             for step_id in await cancel_requested_among(session, step_ids=local):
                 self.cancel(step_id)
-
-
-async def recover_orphans(tx: Tx) -> int:
-    """End steps left running by a process that stopped without finishing them.
-
-    Only for a single-process deployment (SQLite): with several processes a running step may
-    belong to a live peer.
-    """
-    session = tx.session
-    steps = (
-        (
-            await session.execute(
-                sa.select(Step)
-                .where(Step.status == StepStatus.RUNNING.value)
-                .with_for_update(key_share=True)
-            )
-        )
-        .scalars()
-        .all()
-    )
-    for step in steps:
-        await end_interrupted(
-            tx, step=step, message="the step was interrupted: orchestratord stopped while it ran"
-        )
-    return len(steps)

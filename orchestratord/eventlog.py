@@ -26,7 +26,7 @@ import orjson
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from contracts.events import EventBase
+from contracts.events import EventBase, NarrationEvent
 from orchestrator_core.event_order import TERMINAL_TYPES, EventOrder, EventType
 from orchestratord.db.engine import Database
 from orchestratord.db.models import Event, Run
@@ -452,9 +452,30 @@ class EventWriter:
             if not fut.done():
                 fut.set_exception(error)
 
+    def drop(self, step_id: str) -> None:
+        """This process let go of the step: what it queued and is not committing yet is
+        dropped (its producer is fenced, ``StepLog.fenced``)."""
+        pending = self._batch
+        pending.events = [ev for ev in pending.events if ev.step_id != step_id]
+        pending.finalizers = [(s, f) for s, f in pending.finalizers if s != step_id]
+        error = EventLogError(f"step {step_id} is no longer run by this process")
+        for sid, fut in pending.waiters:
+            if sid == step_id and not fut.done():
+                fut.set_exception(error)
+        pending.waiters = [w for w in pending.waiters if w[0] != step_id]
+
     def forget(self, step_id: str) -> None:
         """The step was ended from what its log holds; nothing more will be appended."""
         self.failed_steps.discard(step_id)
+
+
+def _started_again(event: EventBase) -> str:
+    where = [
+        f"{name} {value}"
+        for name in ("pool_id", "replica_id")
+        if (value := getattr(event, name, None)) is not None
+    ]
+    return "started again" + (f" on {', '.join(where)}" if where else "")
 
 
 _TOKEN_JSON = b'{"step_id":"%s","seq":%d,"type":"token","i":%d,"t":%s,"token_id":%s}'
@@ -470,13 +491,26 @@ class StepLog:
         self.step_id = step_id
         self.order = EventOrder()
         self._step_bytes = step_id.encode()
+        self._resumed = False
+        self.fenced = False  # the step is no longer this process's: nothing more is written
+
+    def resume(self, next_seq: int) -> None:
+        """The step runs again after its process was lost: its log goes on at ``next_seq``,
+        and this execution's ``started`` is told as a narration (the first one stands)."""
+        self.order.resume(next_seq)
+        self._resumed = True
 
     def make(self, event: EventBase) -> LogEvent:
+        if self._resumed and event.event_type == EventType.STARTED.value:
+            self._resumed = False
+            event = NarrationEvent(text=_started_again(event))
         seq = self.order.accept(EventType(event.event_type))
         return log_event(self.run_id, self.step_id, seq, event)
 
     def emit(self, event: EventBase) -> None:
         """Queue one event; it commits with the writer's next round."""
+        if self.fenced:
+            return
         self._writer.append_one_nowait(self.make(event))
 
     def token_nowait(self, i: int, text: str, token_id: int | None) -> None:
@@ -484,6 +518,8 @@ class StepLog:
 
         The bytes equal ``make(TOKEN, {"i", "t", "token_id"})``'s (see the test).
         """
+        if self.fenced:
+            return
         seq = self.order.accept(EventType.TOKEN)
         data = _TOKEN_JSON % (
             self._step_bytes,
@@ -496,4 +532,6 @@ class StepLog:
 
     async def close(self, event: EventBase, finalizer: Finalizer) -> None:
         """Append the terminal event and run ``finalizer`` in the same transaction; wait."""
+        if self.fenced:
+            raise EventLogError(f"step {self.step_id} is no longer run by this process")
         await self._writer.append([self.make(event)], finalizer=finalizer, wait=True)

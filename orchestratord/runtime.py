@@ -10,16 +10,21 @@ from typing import Any
 
 from orchestrator_core.admission import AdmissionPolicy
 from orchestrator_core.breakers import BreakerBoard
+from orchestrator_core.pricing import Price
 from orchestratord.db.engine import Database
 from orchestratord.db.migrate import upgrade
-from orchestratord.dispatcher import Dispatcher, recover_orphans
+from orchestratord.db.models import Run, Step
+from orchestratord.dispatcher import Dispatcher
 from orchestratord.event_logging import EventLogLines
 from orchestratord.eventlog import RUN_END, EventWriter, LogEvent
 from orchestratord.pools.config import load_pools_file, local_pool
 from orchestratord.pools.registry import PoolRegistry, build_registry
 from orchestratord.pools.sessions import RunSessions
 from orchestratord.prices import PriceBook
+from orchestratord.reaper import LeaseKeeper
 from orchestratord.settings import Settings
+from orchestratord.steps import leases
+from orchestratord.steps.leases import LeaseTerms
 from orchestratord.steps.services import KindServices
 from orchestratord.steps.submission import SubmitContext
 from orchestratord.steps.transition import cancel_step
@@ -92,14 +97,31 @@ class Orchestrator:
             sessions=RunSessions(),
             poll_s=settings.stream.poll_s,
         )
+        dispatch = settings.dispatch
+        self.leases = LeaseTerms.for_process(
+            settings.instance,
+            port=settings.port,
+            lease_s=dispatch.lease_s,
+            max_attempts=dispatch.max_attempts,
+        )
         self.dispatcher = Dispatcher(
             self.db,
             self.pools,
             self.writer,
             self.prices,
             self.services,
-            poll_s=settings.dispatch.poll_s,
+            self.leases,
+            poll_s=dispatch.poll_s,
             control_slots=tools.concurrency,
+        )
+        self.keeper = LeaseKeeper(
+            self.db,
+            self.leases,
+            tx=self.tx,
+            price_of=self._price_of,
+            running=lambda: list(self.dispatcher.executions),
+            abandon=self.dispatcher.abandon,
+            requeued=self.dispatcher.wake,
         )
         self._background: set[asyncio.Task[object]] = set()
 
@@ -114,20 +136,40 @@ class Orchestrator:
     async def start(self, *, migrate: bool = True) -> None:
         if migrate:
             await upgrade(self.db)
-        if self.db.is_sqlite:
-            async with self.tx() as tx:
-                n = await recover_orphans(tx)
-            if n:
-                log.warning("ended %d steps interrupted by the last shutdown", n)
+        await self.keeper.reap_on_start(single_process=self.db.is_sqlite)
         if self.wakeups is not None:
             await self.wakeups.start()
         await self.pools.refresh()
         self.writer.start()
         self.dispatcher.start()
+        self.keeper.start()
         self.dispatcher.wake()
         self._spawn(self._watch_health())
 
+    async def drain(self, deadline_s: float) -> None:
+        """Before shutdown: claim nothing more, let running steps finish for up to
+        ``deadline_s``, then let go of the rest (their leases expire now, so another process,
+        or this one at its next start, takes them over), and end every open stream so that
+        its client resumes elsewhere with ``Last-Event-ID``."""
+        self.dispatcher.pause()
+        tasks = [e.task for e in self.dispatcher.executions.values() if e.task is not None]
+        if tasks and deadline_s > 0:
+            await asyncio.wait(tasks, timeout=deadline_s)
+        left = list(self.dispatcher.executions)
+        for step_id in left:
+            self.dispatcher.abandon(step_id)
+        await self.keeper.stop()
+        if left:
+            log.warning("let go of %d running steps at shutdown", len(left))
+            await self.writer.wait_drained()
+            async with self.db.write() as session:
+                await leases.release(session, self.leases)
+            if self.db.is_sqlite:  # no other process takes them over: reap them now
+                await self.keeper.reap_expired()
+        self.hub.close_all()
+
     async def stop(self) -> None:
+        await self.keeper.stop()
         await self.dispatcher.stop()
         await self.writer.stop()
         for task in list(self._background):
@@ -154,6 +196,17 @@ class Orchestrator:
         if running:
             self.dispatcher.cancel(step_id)
         return status
+
+    def _price_of(self, step: Step, run: Run) -> Price | None:
+        """The price of an engine step's pool and model for its run (None: not priced)."""
+        pool = self.pools.pools.get(step.pool_id) if step.pool_id is not None else None
+        if pool is None:
+            return None
+        model = (step.input or {}).get("model") or pool.model_name
+        try:
+            return self.prices.get(run.price_table).price_for(pool.engine, model)
+        except Exception:  # an unknown table, an unpriced model: charged tokens, no cost
+            return None
 
     def cancel_step_soon(self, step_id: str) -> None:
         """Cancel from a context that cannot wait (a stream being torn down)."""

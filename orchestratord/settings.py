@@ -49,6 +49,24 @@ class DispatchSettings(BaseModel):
     max_pending_events: int = Field(
         default=20000, ge=100, description="Events waiting for commit before producers wait"
     )
+    lease_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="A running step is leased to its process for this long, renewed every "
+        "third of it; another process reaps it once the lease has expired",
+    )
+    max_attempts: int = Field(
+        default=3,
+        ge=1,
+        description="Executions a step gets when the process running it is lost before it "
+        "streamed anything; then it fails with WORKER_LOST",
+    )
+    drain_s: float = Field(
+        default=5.0,
+        ge=0,
+        description="On SIGTERM: how long running steps may take to finish before the process "
+        "lets go of them (another process takes them over) and ends its streams",
+    )
 
 
 class AdmissionSettings(BaseModel):
@@ -120,6 +138,11 @@ class Settings(BaseSettings):
     )
     host: str = "127.0.0.1"
     port: int = 8080
+    instance: str | None = Field(
+        default=None,
+        description="This process's name in step leases, stable across restarts so a restart "
+        "reaps at once what it held; default: <hostname>:<port>",
+    )
     loop: Literal["auto", "asyncio", "uvloop"] = Field(
         default="auto", description="Event loop of the server: uvloop where installed (auto)"
     )

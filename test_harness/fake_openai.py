@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,6 +41,8 @@ class FakeState:
     completed: int = 0
     requests: list[dict[str, Any]] = field(default_factory=list)
     auth_headers: list[str | None] = field(default_factory=list)
+    # generations streamed to their end, per prompt: the engine-side count of executions
+    completed_by_prompt: Counter[str] = field(default_factory=Counter)
 
 
 def fake_tokens(body: dict[str, Any]) -> list[str]:
@@ -121,6 +124,7 @@ def create_fake_openai(state: FakeState | None = None) -> Starlette:
             st.active -= 1
             if finished:
                 st.completed += 1
+                st.completed_by_prompt[str(body.get("prompt") or body.get("messages"))] += 1
             else:
                 st.disconnects += 1
 

@@ -93,6 +93,7 @@ class Step(Base):
         sa.UniqueConstraint("run_id", "position"),
         sa.Index("ix_steps_dispatch", "status", "pool_id", "priority_rank", "step_id"),
         sa.Index("ix_steps_admission", "status", "priority", "step_id"),
+        sa.Index("ix_steps_lease", "status", "lease_expires_at"),
     )
     step_id: Mapped[str] = mapped_column(sa.String(40), primary_key=True)
     run_id: Mapped[str] = mapped_column(sa.ForeignKey("runs.run_id"))
@@ -127,6 +128,11 @@ class Step(Base):
     # (identical | diverged | miss | failed | cancelled).
     replay_of: Mapped[str | None] = mapped_column(sa.String(40))
     replay_outcome: Mapped[str | None] = mapped_column(sa.String(16))
+    # A running step is leased to the process executing it (``<instance>#<incarnation>``)
+    # until ``lease_expires_at``, which that process renews; an expired lease is reaped.
+    lease_owner: Mapped[str | None] = mapped_column(sa.String(200))
+    lease_expires_at: Mapped[datetime | None] = mapped_column(Ts)
+    attempts: Mapped[int] = mapped_column(sa.SmallInteger, default=0, server_default="0")
     created_at: Mapped[datetime] = mapped_column(Ts)
     started_at: Mapped[datetime | None] = mapped_column(Ts)
     ended_at: Mapped[datetime | None] = mapped_column(Ts)

@@ -11,7 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from orchestrator_core.budgets import Ledger
 from orchestrator_core.errors import Conflict, NotFound
 from orchestrator_core.lifecycle import StepStatus
-from orchestratord.db.models import Run, Step
+from orchestratord.db.models import Event, Run, Step
 
 # Statements on request paths are built once (bound parameters), not per call: building a
 # select costs more Python than SQLite takes to run it.
@@ -46,6 +46,16 @@ async def get_step(session: AsyncSession, *, step_id: str, lock: bool = False) -
     if step is None:
         raise NotFound("step", step_id)
     return step
+
+
+async def next_seq(session: AsyncSession, *, step_id: str) -> int:
+    """The seq the step's next event takes (0 for an empty log)."""
+    last = (
+        await session.execute(
+            sa.select(sa.func.max(Event.seq + Event.span - 1)).where(Event.step_id == step_id)
+        )
+    ).scalar_one()
+    return 0 if last is None else int(last) + 1
 
 
 async def cancel_on_disconnect(session: AsyncSession, *, step_id: str) -> bool:

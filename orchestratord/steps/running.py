@@ -22,7 +22,7 @@ from orchestratord.eventlog import EventWriter, StepLog
 from orchestratord.pools.registry import Pool, Replica
 from orchestratord.steps.kinds import kind_of
 from orchestratord.steps.kinds.base import StepContext
-from orchestratord.steps.queries import get_step
+from orchestratord.steps.queries import get_step, next_seq
 from orchestratord.steps.services import KindServices
 from orchestratord.steps.transition import end_interrupted, ending_finalizer
 from orchestratord.tx import Tx
@@ -60,12 +60,22 @@ class Execution:
         self.cancel_event = asyncio.Event()
         self.task: asyncio.Task[None] | None = None
         self._ctx: StepContext | None = None
+        self.abandoned = False
 
     def start(self) -> None:
         self.task = asyncio.create_task(self._guarded(), name=f"step-{self.step_id}")
 
     def request_cancel(self) -> None:
         self.cancel_event.set()
+
+    def abandon(self) -> None:
+        """Stop at once, writing nothing more: the step is no longer this process's."""
+        self.abandoned = True
+        if self._ctx is not None:
+            self._ctx.log.fenced = True
+        self.writer.drop(self.step_id)
+        if self.task is not None:
+            self.task.cancel()
 
     def _stop_for_budget(self) -> None:
         if self._ctx is not None:
@@ -76,6 +86,8 @@ class Execution:
         try:
             await self.run()
         except Exception:
+            if self.abandoned:
+                return
             log.exception("step %s: execution failed", self.step_id)
             await self._end_after_failure()
         finally:
@@ -106,10 +118,17 @@ class Execution:
             run_elapsed_ms=(clock.now() - run.created_at).total_seconds() * 1000,
             decode_seconds=step.decode_seconds_granted,
         )
+        log = StepLog(self.writer, step.run_id, step.step_id)
+        if step.attempts > 1:  # queued again after its process was lost: its log goes on
+            async with self.writer.db.read() as session:
+                seq = await next_seq(session, step_id=step.step_id)
+            if seq > 0:
+                log.resume(seq)
+        log.fenced = self.abandoned
         self._ctx = ctx = StepContext(
             step=step,
             run=run,
-            log=StepLog(self.writer, step.run_id, step.step_id),
+            log=log,
             db=self.writer.db,
             services=self.services,
             stop=self.cancel_event,

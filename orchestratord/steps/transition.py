@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -20,8 +21,9 @@ from orchestrator_core.lifecycle import (
     check_run_transition,
     check_step_transition,
 )
-from orchestratord.db.models import Event, Run, Step
-from orchestratord.eventlog import Finalizer, LogEvent, log_event
+from orchestrator_core.pricing import Price
+from orchestratord.db.models import Run, Step
+from orchestratord.eventlog import Finalizer, LogEvent, log_event, read_all_step_events
 from orchestratord.runs.ledger import settle
 from orchestratord.steps.ending import Ending
 from orchestratord.steps.queries import get_step
@@ -30,13 +32,17 @@ from orchestratord.tx import Tx
 
 def transition(step: Step, to: StepStatus) -> None:
     """Move ``step`` to ``to`` (in the caller's transaction), or raise ``Conflict``."""
-    check_step_transition(StepStatus(step.status), to)
+    current = StepStatus(step.status)
+    check_step_transition(current, to)
     step.status = to.value
     now = clock.now()
     if to is StepStatus.RUNNING:
         step.started_at = now
     elif to.terminal:
         step.ended_at = now
+    if current is StepStatus.RUNNING:  # a lease holds only a running step
+        step.lease_owner = None
+        step.lease_expires_at = None
 
 
 def ending_finalizer(step_id: str, ending: Ending) -> Finalizer:
@@ -161,23 +167,25 @@ def end_run(run: Run) -> LogEvent:
     return log_event(run.run_id, None, None, RunEndEvent(run_id=run.run_id, status=run.status))
 
 
-async def end_interrupted(tx: Tx, *, step: Step, message: str) -> None:
+async def end_interrupted(
+    tx: Tx,
+    *,
+    step: Step,
+    message: str,
+    code: str = "INTERNAL",
+    price: Price | None = None,
+) -> None:
     """End a running step whose execution is gone: an ``error`` event after what its log
-    holds (``started`` first if it has nothing), usage = the tokens it committed."""
+    holds (``started`` first if it has nothing).
+
+    What it committed stays its output (the text and ids of its committed tokens), and it is
+    charged what it used: its prompt once the engine had it (its ``started``), its committed
+    tokens, at ``price`` when known."""
     session = tx.session
-    last, tokens = (
-        await session.execute(
-            sa.select(
-                sa.func.max(Event.seq + Event.span - 1),
-                sa.func.coalesce(
-                    sa.func.sum(Event.span).filter(Event.type == EventType.TOKEN.value), 0
-                ),
-            ).where(Event.step_id == step.step_id)
-        )
-    ).one()
+    logged = await read_all_step_events(session, step.step_id)
+    tokens = [orjson.loads(ev.data) for ev in logged if ev.type == EventType.TOKEN.value]
     events = []
-    seq = 0 if last is None else last + 1
-    if last is None:
+    if not logged:
         events.append(
             log_event(
                 step.run_id,
@@ -186,19 +194,32 @@ async def end_interrupted(tx: Tx, *, step: Step, message: str) -> None:
                 StartedEvent(pool_id=step.pool_id, replica_id=step.replica_id, engine=None),
             )
         )
-        seq = 1
+    seq = (logged[-1].seq or 0) + 1 if logged else 1
+    tokens_in = step.tokens_in_reserved if logged else 0
+    tokens_out = len(tokens)
+    cost = price.cost(tokens_in, tokens_out, 0.0) if price is not None else 0.0
     body = {
-        "code": "INTERNAL",
+        "code": code,
         "message": message,
         "retriable": True,
         "retry_after_ms": None,
-        "details": {"tokens_out": tokens},
+        "details": {"tokens_out": tokens_out},
         "correlation_id": None,
     }
     events.append(log_event(step.run_id, step.step_id, seq, ErrorEvent(**body)))
     await tx.append_events(events)
     transition(step, StepStatus.FAILED)
+    if step.replay_of is not None and step.replay_outcome is None:
+        step.replay_outcome = "failed"
     step.error = body
-    step.tokens_out = tokens
-    await settle(session, step=step, tokens_in=0, tokens_out=tokens, cost_usd=0.0)
+    if step.pool_id is not None:  # an engine step: what it generated before it was lost
+        step.output = {
+            "text": "".join(t["t"] for t in tokens),
+            "token_ids": [t["token_id"] for t in tokens],
+            "stop_reason": None,
+        }
+    step.tokens_in = tokens_in
+    step.tokens_out = tokens_out
+    step.cost_usd = cost
+    await settle(session, step=step, tokens_in=tokens_in, tokens_out=tokens_out, cost_usd=cost)
     await tx.append_events(await settle_run_after_step(session, run_id=step.run_id))

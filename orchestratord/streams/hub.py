@@ -17,7 +17,7 @@ from orchestratord.eventlog import LogEvent
 
 
 class Channel:
-    __slots__ = ("_buf", "_cursor", "_waiters", "foreign", "last", "refs")
+    __slots__ = ("_buf", "_cursor", "_waiters", "closed", "foreign", "last", "refs")
 
     def __init__(self, cursor: Callable[[LogEvent], int], maxlen: int) -> None:
         self._cursor = cursor
@@ -26,6 +26,11 @@ class Channel:
         self.last = -1
         self.refs = 0
         self.foreign = 0  # pokes: another process appended events here (read the log)
+        self.closed = False  # the process is shutting down: followers end, clients resume
+
+    def close(self) -> None:
+        self.closed = True
+        self._wake()
 
     def publish(self, events: list[LogEvent]) -> None:
         for ev in events:
@@ -93,6 +98,14 @@ class Hub:
         self._buffer = buffer_events
         self._steps: dict[str, Channel] = {}
         self._runs: dict[str, Channel] = {}
+        self.closed = False
+
+    def close_all(self) -> None:
+        """End every stream (shutdown): each follower returns, and its client resumes on
+        another process with ``Last-Event-ID``; streams opened later end at once."""
+        self.closed = True
+        for chan in [*self._steps.values(), *self._runs.values()]:
+            chan.close()
 
     def publish(self, events: list[LogEvent]) -> None:
         if not self._steps and not self._runs:
@@ -143,6 +156,7 @@ class Hub:
         chan = table.get(key)
         if chan is None:
             chan = table[key] = Channel(cursor, self._buffer)
+            chan.closed = self.closed
         chan.refs += 1
         return chan
 

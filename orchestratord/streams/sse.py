@@ -53,6 +53,8 @@ async def _follow(
     # With wake-ups (or one process, SQLite) ``poll_s`` is long: idle followers sleep.
     seen = -1  # the channel's poke count at our last read of the log; -1: read now
     while True:
+        if channel.closed:  # shutting down: the client resumes elsewhere at its cursor
+            return
         events = channel.take(cursor, batch)
         if events is None or (not events and seen != channel.foreign):
             seen = channel.foreign
@@ -142,7 +144,7 @@ async def follow_step(
             yield chunk
     finally:
         remaining = orch.hub.unsubscribe_step(step_id)
-        if cancel_on_disconnect and remaining == 0 and not state["ended"]:
+        if cancel_on_disconnect and remaining == 0 and not state["ended"] and not channel.closed:
             orch.cancel_step_soon(step_id)
 
 

@@ -28,6 +28,7 @@ STEP_ALLOWED = {
     (S.RUNNING, S.SUCCEEDED),
     (S.RUNNING, S.FAILED),
     (S.RUNNING, S.CANCELLED),
+    (S.RUNNING, S.QUEUED),  # its process was lost before it streamed anything
 }
 RUN_ALLOWED = {
     (R.RUNNING, R.CANCELLING),

@@ -74,6 +74,10 @@ class StepKind(Protocol):
     input_model: ClassVar[type[BaseModel]]
     engine: ClassVar[bool]  # needs an engine slot: placed on a pool, admitted, priced
     uses_flow: ClassVar[bool]  # normalize reads the run's flow (its tools); else it gets None
+    # may run again when the process running it was lost before it streamed anything: it
+    # acts on nothing outside its own step (an engine generation, an expression), so a
+    # second execution cannot repeat an effect
+    rerunnable: ClassVar[bool]
 
     def normalize(self, parsed: Any, *, flow: Flow | None, field: str) -> dict[str, Any]:
         """The stored input: validated against the flow (a tool exists, args match its

@@ -28,6 +28,7 @@ from orchestratord.steps.kinds.control import ControlKind, ControlRun, input_key
 class CheckpointStep(ControlKind):
     step_type: ClassVar[str] = "checkpoint"
     input_model: ClassVar[type[BaseModel]] = CheckpointInput
+    rerunnable: ClassVar[bool] = True  # its row is written with its end, in one transaction
 
     def normalize(self, parsed: Any, *, flow: Flow | None, field: str) -> dict[str, Any]:
         assert isinstance(parsed, CheckpointInput)

@@ -37,6 +37,7 @@ class ControlKind:
     step_type: ClassVar[str]
     engine: ClassVar[bool] = False
     uses_flow: ClassVar[bool] = False
+    rerunnable: ClassVar[bool] = False
 
     def subject(
         self, stored: dict[str, Any], *, model: str | None, pool: str | None

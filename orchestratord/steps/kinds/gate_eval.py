@@ -30,6 +30,7 @@ from orchestratord.steps.kinds.control import ControlKind, ControlRun, new_fact
 class GateEval(ControlKind):
     step_type: ClassVar[str] = "gate_eval"
     input_model: ClassVar[type[BaseModel]] = GateEvalInput
+    rerunnable: ClassVar[bool] = True  # reads facts; its own fact is written with its end
 
     def normalize(self, parsed: Any, *, flow: Flow | None, field: str) -> dict[str, Any]:
         assert isinstance(parsed, GateEvalInput)

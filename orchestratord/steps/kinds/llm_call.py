@@ -80,6 +80,7 @@ class LlmCall:
     input_model: ClassVar[type[BaseModel]] = LlmCallInput
     engine: ClassVar[bool] = True
     uses_flow: ClassVar[bool] = False
+    rerunnable: ClassVar[bool] = True
 
     def normalize(self, parsed: Any, *, flow: Flow | None, field: str) -> dict[str, Any]:
         dumped: dict[str, Any] = parsed.model_dump(mode="json", exclude_none=True)

@@ -38,6 +38,7 @@ class LlmPlan(LlmCall):
     input_model: ClassVar[type[BaseModel]] = LlmPlanInput
     engine: ClassVar[bool] = True
     uses_flow: ClassVar[bool] = True
+    rerunnable: ClassVar[bool] = True
 
     def normalize(self, parsed: Any, *, flow: Flow | None, field: str) -> dict[str, Any]:
         assert isinstance(parsed, LlmPlanInput) and flow is not None
