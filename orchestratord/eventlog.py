@@ -308,6 +308,17 @@ class _Batch:
     finalizers: list[tuple[str | None, Finalizer]] = field(default_factory=list)
     waiters: list[tuple[str | None, asyncio.Future[None]]] = field(default_factory=list)
 
+    def by_step(self) -> list[_Batch]:
+        """One batch per step (and one for events of no step), each in its order."""
+        parts: dict[str | None, _Batch] = {}
+        for ev in self.events:
+            parts.setdefault(ev.step_id, _Batch()).events.append(ev)
+        for sid, finalizer in self.finalizers:
+            parts.setdefault(sid, _Batch()).finalizers.append((sid, finalizer))
+        for sid, fut in self.waiters:
+            parts.setdefault(sid, _Batch()).waiters.append((sid, fut))
+        return list(parts.values())
+
 
 class EventLogError(RuntimeError):
     """Events of this step could not be written; its log must not go on past the gap."""
@@ -424,6 +435,16 @@ class EventWriter:
                     if extra:
                         committed = committed + await insert_events(session, extra)
                 break
+            except (sa.exc.IntegrityError, sa.exc.DataError) as exc:
+                # what one step queued cannot be written (retrying cannot help): the steps
+                # are committed apart, so the others do not share its failure
+                if len(parts := batch.by_step()) > 1:
+                    for part in parts:
+                        await self._commit(part)
+                    return
+                log.exception("event log commit failed; %d events lost", len(batch.events))
+                self._poison(batch, exc)
+                return
             except Exception as exc:
                 if attempt == self._retries:
                     log.exception("event log commit failed; %d events lost", len(batch.events))

@@ -119,6 +119,34 @@ async def test_a_log_that_cannot_be_written_ends_the_step(
     assert run["reserved"]["tokens_out"] == 0
 
 
+async def test_a_step_whose_events_cannot_be_written_fails_alone(
+    client: httpx.AsyncClient, orch: Orchestrator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch that the database refuses because of one step's events (a constraint) is
+    committed step by step: the other steps sharing the batch lose nothing."""
+    from orchestratord import eventlog
+
+    real = eventlog.insert_events
+    doomed_run = await make_run(client)
+    others = [await make_run(client) for _ in range(4)]
+
+    async def refusing(session, events):  # type: ignore[no-untyped-def]
+        if any(ev.run_id == doomed_run and ev.type == "token" for ev in events):
+            raise sa.exc.IntegrityError("INSERT INTO events", {}, Exception("duplicate key"))
+        return await real(session, events)
+
+    monkeypatch.setattr(eventlog, "insert_events", refusing)
+    subs = await asyncio.gather(
+        *(submit(client, r, token="x", max_tokens=200) for r in [doomed_run, *others])
+    )
+    doomed, *rest = [r.json()["step_id"] for r in subs]
+    assert (await wait_status(client, doomed, "failed", "succeeded"))["status"] == "failed"
+    for step_id in rest:
+        assert (await wait_status(client, step_id, "failed", "succeeded"))["status"] == "succeeded"
+        rows = await stored_events(orch.db, step_id=step_id)
+        assert [r.seq for r in rows] == list(range(202))
+
+
 async def test_token_events_share_rows_and_resume_at_any_token(
     client: httpx.AsyncClient, orch: Orchestrator
 ) -> None:
