@@ -241,3 +241,48 @@ async def test_drain_lets_go_of_running_steps_and_ends_streams(db_url: str) -> N
         )
         assert resumed[0].id == str(int(events[-1].id) + 1)
         assert resumed[-1].event == "end"
+
+
+async def test_a_restart_reaps_what_its_earlier_incarnation_held_at_once(pg_only: str) -> None:
+    """Same instance name, new process: its earlier incarnation's steps are reaped at start,
+    long before their lease (60 s here) would expire."""
+    settings = lease_settings(pg_only, lease_s=60.0)
+    async with serving(settings) as (first, client):
+        run_id = await make_run(client)
+        step_id = await gate(client, run_id, 'facts.exists(f, f.type == "go")', 60_000)
+        await wait_status(client, step_id, "running")
+        await crash(first)
+    # a renewal happens every 20 s: an incarnation silent for 40 s is gone; the test moves
+    # the lease back instead of waiting
+    import sqlalchemy as sa
+
+    from orchestratord.db.engine import Database
+    from orchestratord.db.models import Step
+
+    db = Database(pg_only)
+    async with db.write() as session:
+        await session.execute(
+            sa.update(Step)
+            .where(Step.step_id == step_id)
+            .values(lease_expires_at=sa.func.now() + sa.text("interval '15 seconds'"))
+        )
+    await db.dispose()
+    async with serving(settings) as (second, client):
+        assert second.keeper.reaped == 1 and second.keeper.requeued == 1  # at start
+        await client.post(f"/v1/runs/{run_id}/facts", json={"type": "go", "data": 1})
+        step = await wait_status(client, step_id, "succeeded", "failed")
+        assert step["status"] == "succeeded"
+
+
+async def test_a_sibling_of_the_same_name_that_renews_is_left_alone(pg_only: str) -> None:
+    settings = lease_settings(pg_only, lease_s=60.0)
+    async with serving(settings) as (first, client):
+        run_id = await make_run(client)
+        step_id = await gate(client, run_id, 'facts.exists(f, f.type == "go")', 60_000)
+        await wait_status(client, step_id, "running")
+        async with serving(settings) as (second, _):
+            assert second.keeper.reaped == 0  # its lease is fresh: a live sibling
+        await client.post(f"/v1/runs/{run_id}/facts", json={"type": "go", "data": 1})
+        step = await wait_status(client, step_id, "succeeded", "failed")
+        assert step["status"] == "succeeded"
+        assert first.keeper.reaped == 0
