@@ -218,6 +218,7 @@ class SessionStore:
         self.clock = clock
         self.sessions: dict[str, RuntimeSession] = {}
         self.evicted: list[str] = []
+        self.cancelled = 0  # generations the client cancelled while they streamed
 
     def create(self, tokens: list[int], **fields: Any) -> RuntimeSession:
         session = RuntimeSession(secrets.token_hex(12), list(tokens), self.clock(), **fields)
@@ -377,6 +378,9 @@ class KakeyaService:
         try:
             async for event in self._generate(session, request, context):
                 yield event
+        except asyncio.CancelledError:
+            self.store.cancelled += 1
+            raise
         finally:
             session.busy = False
             session.last_used = self.store.clock()

@@ -138,6 +138,9 @@ class SalienceService:
         try:
             async for event in self._generate(session.tokens, request, context):
                 yield event
+        except asyncio.CancelledError:
+            self.store.cancelled += 1
+            raise
         finally:
             session.busy = False
             session.last_used = self.store.clock()

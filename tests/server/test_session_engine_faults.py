@@ -1,0 +1,200 @@
+"""Session-bound engines through orchestratord when things go wrong: a cancel reaches the
+engine as its protocol's cancel, each engine error becomes the step's error with the right
+retriability, and a session the engine lost is recreated from the run's record."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import httpx
+import pytest
+
+from orchestratord.api.app import create_app
+from orchestratord.pools.config import PoolSpec, ReplicaSpec
+from orchestratord.pools.registry import build_registry
+from orchestratord.runtime import Orchestrator
+from test_harness.kakeya_runtime import serve_kakeya
+from test_harness.salience_runtime import serve_salience
+from test_harness.uma_runtime import serve_uma
+from tests.conftest import make_settings
+from tests.helpers import make_run, stored_events, submit, wait_status
+
+ENGINES = ["kakeya", "salience", "uma"]
+
+
+@dataclass
+class Rig:
+    engine: str
+    client: httpx.AsyncClient
+    orch: Orchestrator
+    runtime: Any  # the reference runtime's test hooks (faults, store or stats)
+
+
+@contextlib.asynccontextmanager
+async def runtime(engine: str) -> AsyncIterator[tuple[str, Any]]:
+    if engine == "kakeya":
+        async with serve_kakeya() as rt:
+            yield rt.address, rt
+    elif engine == "salience":
+        async with serve_salience() as rt:
+            yield rt.address, rt
+    else:
+        async with serve_uma() as uma:
+            yield f"unix:{uma.socket_path}", uma
+
+
+@pytest.fixture(params=ENGINES)
+async def rig(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Rig]:
+    async with rig_for(request.param, tmp_path) as made:
+        yield made
+
+
+@contextlib.asynccontextmanager
+async def rig_for(engine: str, tmp_path: Path) -> AsyncIterator[Rig]:
+    prices = tmp_path / "prices"
+    prices.mkdir()
+    (prices / "2026-01-01.yaml").write_text(
+        f'version: "2026-01-01"\nunpriced: refuse\nentries:\n'
+        f"  - {{engine: {engine}, model: sim-1, free: true}}\n"
+    )
+    settings = make_settings(
+        f"sqlite:///{tmp_path / 'o.db'}",
+        price_tables_dir=prices,
+        breakers={"engine_failures": 100},
+    )
+    async with runtime(engine) as (url, rt):
+        replica = ReplicaSpec(
+            replica_id="r1", url=url, model="sim-1", slots=2, options={"tokenizer": "sim"}
+        )
+        spec = PoolSpec(pool_id="p", engine=engine, replicas=[replica])  # type: ignore[arg-type]
+        orch = Orchestrator(settings, pools=build_registry([spec], settings))
+        await orch.start()
+        try:
+            transport = httpx.ASGITransport(app=create_app(orchestrator=orch))
+            async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
+                yield Rig(engine, c, orch, rt)
+        finally:
+            await orch.stop()
+
+
+async def tokens_committed(orch: Orchestrator, step_id: str, n: int) -> None:
+    for _ in range(500):
+        events = await stored_events(orch.db, step_id=step_id)
+        if sum(1 for e in events if e.type == "token") >= n:
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"step {step_id} never committed {n} tokens")
+
+
+def cancels_seen(rig: Rig) -> int:
+    if rig.engine == "uma":
+        return len(rig.runtime.stats.cancels)
+    return int(rig.runtime.store.cancelled)
+
+
+async def test_a_cancel_reaches_the_engine(rig: Rig) -> None:
+    held = rig.runtime.faults.hold(3)  # the engine pauses after 3 tokens
+    run_id = await make_run(rig.client, seed=1)
+    step_id = (await submit(rig.client, run_id, prompt="alpha", max_tokens=40)).json()["step_id"]
+    await tokens_committed(rig.orch, step_id, 3)
+    assert (await rig.client.post(f"/v1/steps/{step_id}/cancel")).status_code == 202
+    step = await wait_status(rig.client, step_id, "cancelled", "failed", "succeeded")
+    assert step["status"] == "cancelled"
+    assert step["output"]["text"] and step["usage"]["tokens_out"] == 3
+    for _ in range(100):  # the protocol's cancel: a cancelled RPC, or a cancel frame
+        if cancels_seen(rig) == 1:
+            break
+        await asyncio.sleep(0.02)
+    assert cancels_seen(rig) == 1
+    held.set()
+
+
+# (engine, the fault its runtime injects, retriable as the project's error)
+ERRORS = [
+    ("kakeya", grpc.StatusCode.RESOURCE_EXHAUSTED, True),
+    ("kakeya", grpc.StatusCode.FAILED_PRECONDITION, True),
+    ("kakeya", grpc.StatusCode.INTERNAL, False),
+    ("salience", grpc.StatusCode.RESOURCE_EXHAUSTED, True),
+    ("salience", grpc.StatusCode.INVALID_ARGUMENT, False),
+    ("uma", "E_RUNTIME_BUSY", True),
+    ("uma", "E_RUNTIME_RESOURCE_EXHAUSTED", True),
+    ("uma", "E_PROTO_BAD_REQUEST", False),
+]
+
+
+@pytest.mark.parametrize(("engine", "fault", "retriable"), ERRORS)
+async def test_each_engine_error_is_the_steps_error(
+    engine: str, fault: Any, retriable: bool, tmp_path: Path
+) -> None:
+    async with rig_for(engine, tmp_path) as rig:
+        if engine == "uma":
+            rig.runtime.faults.fail_next(1, fault)
+        else:
+            rig.runtime.faults.fail_next(1, fault, method="Generate")
+        run_id = await make_run(rig.client, seed=1)
+        step_id = (await submit(rig.client, run_id, prompt="alpha", max_tokens=5)).json()["step_id"]
+        step = await wait_status(rig.client, step_id, "failed", "succeeded")
+        assert step["status"] == "failed"
+        error = step["error"]
+        assert error["code"] == "ENGINE_ERROR" and error["retriable"] is retriable
+        name = fault if isinstance(fault, str) else fault.name
+        assert name in error["message"]
+        # the run goes on: the next step on the same session succeeds
+        again = (await submit(rig.client, run_id, prompt="beta", max_tokens=5, token="b")).json()
+        done = await wait_status(rig.client, again["step_id"], "failed", "succeeded")
+        assert done["status"] == "succeeded", done.get("error")
+
+
+@pytest.mark.parametrize("engine", ["kakeya", "salience"])
+async def test_a_session_the_engine_lost_is_recreated_from_the_runs_record(
+    engine: str, tmp_path: Path
+) -> None:
+    async with rig_for(engine, tmp_path) as rig:
+        run_id = await make_run(rig.client, seed=2)
+        first = (await submit(rig.client, run_id, prompt="alpha beta ", max_tokens=4)).json()
+        one = await wait_status(rig.client, first["step_id"], "failed", "succeeded")
+        assert one["status"] == "succeeded"
+        store = rig.runtime.store
+        (old,) = store.sessions
+        history = list(store.sessions[old].tokens)
+        store.sessions.clear()  # the engine forgot it (restart, eviction): NOT_FOUND next
+        conversation = "alpha beta " + one["output"]["text"] + "gamma"
+        second = (
+            await submit(rig.client, run_id, prompt=conversation, max_tokens=4, token="2")
+        ).json()
+        two = await wait_status(rig.client, second["step_id"], "failed", "succeeded")
+        assert two["status"] == "succeeded", two.get("error")
+        (new,) = store.sessions
+        assert new != old
+        # the new session starts with the whole recorded history, then the turn's new tokens
+        assert store.sessions[new].tokens[: len(history)] == history
+
+
+async def test_kakeya_output_is_byte_exact_however_the_history_was_appended(
+    tmp_path: Path,
+) -> None:
+    """Kakeya's contract, through orchestratord: the same history and seed give identical
+    tokens, whether the history was appended turn by turn or sent at once."""
+    async with rig_for("kakeya", tmp_path) as rig:
+        c = rig.client
+        turns = await make_run(c, seed=11)
+        one = (await submit(c, turns, prompt="alpha beta ", max_tokens=6)).json()
+        first = await wait_status(c, one["step_id"], "failed", "succeeded")
+        history = "alpha beta " + first["output"]["text"] + "gamma delta "
+        two = (await submit(c, turns, prompt=history, max_tokens=6, token="2")).json()
+        appended = await wait_status(c, two["step_id"], "failed", "succeeded")
+        at_once_run = await make_run(c, seed=11)
+        three = (await submit(c, at_once_run, prompt=history, max_tokens=6)).json()
+        at_once = await wait_status(c, three["step_id"], "failed", "succeeded")
+        assert appended["status"] == at_once["status"] == "succeeded"
+        assert appended["output"]["token_ids"] == at_once["output"]["token_ids"]
+        assert appended["output"]["text"].encode() == at_once["output"]["text"].encode()
+        # and the first run's session was appended to, not recreated
+        received = sorted(s.received for s in rig.runtime.store.sessions.values())
+        assert received[0] < received[1]  # the turn-by-turn session got only the deltas
