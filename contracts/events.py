@@ -77,6 +77,12 @@ class TokenEvent(EventBase):
     t: str
     token_id: int | None
     logprob: float | None = Field(default=None, description="when the step asked for logprobs")
+    top_logprobs: list[dict[str, Any]] | None = Field(
+        default=None,
+        description="when the step asked for logprobs on a pool whose replicas rank "
+        "alternatives (options.top_logprobs: k): the k most likely tokens at this position, "
+        'best first, each {"token_id", "t", "logprob"}',
+    )
 
 
 class ToolSuggestEvent(EventBase):

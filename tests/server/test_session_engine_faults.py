@@ -56,7 +56,7 @@ async def rig(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[R
 
 
 @contextlib.asynccontextmanager
-async def rig_for(engine: str, tmp_path: Path) -> AsyncIterator[Rig]:
+async def rig_for(engine: str, tmp_path: Path, **options: Any) -> AsyncIterator[Rig]:
     prices = tmp_path / "prices"
     prices.mkdir()
     (prices / "2026-01-01.yaml").write_text(
@@ -70,7 +70,11 @@ async def rig_for(engine: str, tmp_path: Path) -> AsyncIterator[Rig]:
     )
     async with runtime(engine) as (url, rt):
         replica = ReplicaSpec(
-            replica_id="r1", url=url, model="sim-1", slots=2, options={"tokenizer": "sim"}
+            replica_id="r1",
+            url=url,
+            model="sim-1",
+            slots=2,
+            options={"tokenizer": "sim", **options},
         )
         spec = PoolSpec(pool_id="p", engine=engine, replicas=[replica])  # type: ignore[arg-type]
         orch = Orchestrator(settings, pools=build_registry([spec], settings))
@@ -198,3 +202,33 @@ async def test_kakeya_output_is_byte_exact_however_the_history_was_appended(
         # and the first run's session was appended to, not recreated
         received = sorted(s.received for s in rig.runtime.store.sessions.values())
         assert received[0] < received[1]  # the turn-by-turn session got only the deltas
+
+
+async def test_salience_logprobs_and_top_alternatives_are_on_token_events(
+    tmp_path: Path,
+) -> None:
+    from tests.helpers import read_stream
+
+    async with rig_for("salience", tmp_path, top_logprobs=3) as rig:
+        run_id = await make_run(rig.client, seed=4)
+        asked = (
+            await submit(rig.client, run_id, prompt="alpha ", max_tokens=5, logprobs=True)
+        ).json()
+        plain = (await submit(rig.client, run_id, prompt="beta ", max_tokens=5, token="p")).json()
+        for step in (asked, plain):
+            done = await wait_status(rig.client, step["step_id"], "failed", "succeeded")
+            assert done["status"] == "succeeded", done.get("error")
+        events = await read_stream(rig.client, f"/v1/steps/{asked['step_id']}/stream")
+        tokens = [e.data for e in events if e.event == "token" and e.data]
+        assert len(tokens) == 5
+        for tok in tokens:
+            assert isinstance(tok["logprob"], float) and tok["logprob"] <= 0
+            ranked = tok["top_logprobs"]
+            assert len(ranked) == 3
+            assert [r["logprob"] for r in ranked] == sorted(
+                (r["logprob"] for r in ranked), reverse=True
+            )
+            assert tok["logprob"] <= ranked[0]["logprob"]  # nothing beats the best
+        events = await read_stream(rig.client, f"/v1/steps/{plain['step_id']}/stream")
+        for tok in (e.data for e in events if e.event == "token" and e.data):
+            assert tok.get("logprob") is None and "top_logprobs" not in tok  # not asked

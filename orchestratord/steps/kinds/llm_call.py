@@ -48,6 +48,7 @@ from orchestratord.replay.steps import load_recorded_stream
 from orchestratord.steps.ending import Ending
 from orchestratord.steps.kinds.base import StepContext
 from worker_adapters import AdapterError, EngineUnavailable, Finish, GenerationRequest, Token
+from worker_adapters.sessions import RankedToken
 
 log = logging.getLogger("orchestratord.steps")
 METRICS_EVERY_S = 1.0
@@ -418,12 +419,23 @@ class _LlmRun:
             if token.logprob is None:
                 steplog.token_nowait(len(progress.parts), text, token.token_id)
             else:
+                ranked = (
+                    {
+                        "top_logprobs": [
+                            {"token_id": alt.token_id, "t": alt.text, "logprob": alt.logprob}
+                            for alt in token.alternatives
+                        ]
+                    }
+                    if isinstance(token, RankedToken) and token.alternatives
+                    else {}
+                )
                 steplog.emit(
                     TokenEvent(
                         i=len(progress.parts),
                         t=text,
                         token_id=token.token_id,
                         logprob=token.logprob,
+                        **ranked,
                     )
                 )
             progress.parts.append(text)
