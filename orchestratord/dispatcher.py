@@ -149,7 +149,10 @@ class Dispatcher:
                         for step, run in rows:
                             pinned = step.replica_id if step.replay_of else None
                             if pinned is None and pool.session_bound:  # where its session is
-                                pinned = self.services.sessions.replica_of(run.run_id, pool.pool_id)
+                                parent = (run.forked_from or {}).get("run_id")
+                                pinned = self.services.sessions.placement_of(
+                                    run.run_id, pool.pool_id, parent
+                                )
                             replica = pool.acquire(pinned)
                             if replica is None:
                                 if pinned is not None:

@@ -19,6 +19,7 @@ the session's tokens and the sampling parameters.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -101,6 +102,19 @@ class SalienceAdapter(GrpcSessionAdapter):
     async def _plan(self, session: EngineSession, prompt: list[int]) -> _Plan:
         if session.protocol != self.kind:
             raise EngineFailure(f"a {session.protocol} session cannot be used with Salience")
+        parent, session.fork_of = session.fork_of, None
+        if (
+            session.session_id is None
+            and parent is not None
+            and parent.replica == self.target
+            and parent.dropped == 0  # positions on the engine are the record's
+        ):
+            at = common_prefix(parent.history, prompt)
+            with contextlib.suppress(AdapterError):  # an optimization: else start anew
+                child = await self.fork(parent, at=at)
+                assert child.session_id is not None
+                session.rebuilt(child.session_id, self.target, child.history)
+                session.forked_at = at
         if session.session_id is None or session.replica != self.target:
             await self._open(session)
         if session.verify:  # the server may hold tokens the record lacks: read them

@@ -44,6 +44,10 @@ class EngineSession:
     dropped: int = 0  # tokens the engine dropped to fit its window
     verify: bool = False  # a stream ended early: the engine may hold tokens not recorded here
     rebuilds: int = 0  # times the session was recreated from the record
+    # a run forked from another: its first use forks this session on the engine at the
+    # longest prefix the two share (engines that fork sessions), instead of starting anew
+    fork_of: EngineSession | None = None
+    forked_at: int | None = None  # where it was forked, once it was
 
     def appended(self, token_ids: list[int]) -> None:
         self.history.extend(token_ids)

@@ -5,6 +5,10 @@ later steps on that replica while the session lives, and the run's steps use it 
 (the engines take one request per session). The session is closed on the engine when the
 run ends. Sessions live in this process; a step of the run claimed by another process opens
 its own (the adapter recreates the conversation from the prompt).
+
+A run forked from another starts from its parent's session where the engine forks sessions
+(Salience ``ForkSession``): its first step runs on the parent's replica, and the engine copies
+the prefix the two conversations share instead of being sent it again.
 """
 
 from __future__ import annotations
@@ -40,19 +44,44 @@ class RunSessions:
     def sessions_of(self, run_id: str) -> int:
         return sum(1 for run, _ in self._held if run == run_id)
 
+    def placement_of(self, run_id: str, pool_id: str, parent_run_id: str | None) -> str | None:
+        """The replica a run's next step belongs on: its session's, else (a fork that has
+        none yet) its parent's."""
+        mine = self.replica_of(run_id, pool_id)
+        if mine is None and parent_run_id is not None:
+            return self.replica_of(parent_run_id, pool_id)
+        return mine
+
     @contextlib.asynccontextmanager
     async def use(
-        self, run_id: str, pool_id: str, replica_id: str, adapter: Any
+        self,
+        run_id: str,
+        pool_id: str,
+        replica_id: str,
+        adapter: Any,
+        *,
+        parent_run_id: str | None = None,
     ) -> AsyncIterator[EngineSession]:
-        """The run's session on this pool (opened on first use), held for one request."""
+        """The run's session on this pool (opened on first use, forked from its parent's
+        when it has one here), held for one request."""
         key = (run_id, pool_id)
         held = self._held.get(key)
+        parent = None
         if held is None or held.replica_id != replica_id:
             if held is not None:  # the run moved (its replica was gone): start over there
                 self._spawn_close(held)
             held = self._held[key] = _Held(replica_id, adapter, adapter.open_session())
+            parent = self._held.get((parent_run_id, pool_id)) if parent_run_id else None
+            if parent is not None and parent.replica_id == replica_id:
+                held.session.fork_of = parent.session
+            else:
+                parent = None
         async with held.lock:
-            yield held.session
+            if parent is None:
+                yield held.session
+                return
+            async with parent.lock:  # the fork reads the parent's history: not mid-turn
+                yield held.session
 
     async def end_run(self, run_id: str) -> None:
         """Close the run's sessions on their engines."""

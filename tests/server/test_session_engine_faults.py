@@ -232,3 +232,41 @@ async def test_salience_logprobs_and_top_alternatives_are_on_token_events(
         events = await read_stream(rig.client, f"/v1/steps/{plain['step_id']}/stream")
         for tok in (e.data for e in events if e.event == "token" and e.data):
             assert tok.get("logprob") is None and "top_logprobs" not in tok  # not asked
+
+
+async def test_a_forked_run_forks_its_parents_engine_session(tmp_path: Path) -> None:
+    """A run forked from a checkpoint starts on its parent's replica from a server-side fork
+    of the parent's session at the prefix they share: the shared tokens are not sent again."""
+    async with rig_for("salience", tmp_path) as rig:
+        c = rig.client
+        parent = await make_run(c, seed=6)
+        one = (await submit(c, parent, prompt="alpha beta gamma ", max_tokens=6)).json()
+        first = await wait_status(c, one["step_id"], "failed", "succeeded")
+        assert first["status"] == "succeeded"
+        r = await c.post(
+            f"/v1/runs/{parent}/steps",
+            json={"type": "checkpoint", "client_token": "cp", "input": {"state": {"turn": 1}}},
+        )
+        cp = await wait_status(c, r.json()["step_id"], "succeeded", "failed")
+        r = await c.post(
+            f"/v1/runs/{parent}/fork", json={"checkpoint_id": cp["output"]["checkpoint_id"]}
+        )
+        assert r.status_code == 201, r.text
+        child = r.json()["run_id"]
+        store = rig.runtime.store
+        (parent_sid,) = store.sessions
+        shared = list(store.sessions[parent_sid].tokens)
+        history = "alpha beta gamma " + first["output"]["text"] + "delta "
+        two = (await submit(c, child, prompt=history, max_tokens=6)).json()
+        done = await wait_status(c, two["step_id"], "failed", "succeeded")
+        assert done["status"] == "succeeded", done.get("error")
+        assert done["replica_id"] == first["replica_id"]
+        (child_sid,) = set(store.sessions) - {parent_sid}
+        forked = store.sessions[child_sid]
+        assert forked.tokens[: len(shared)] == shared  # the parent's conversation, forked
+        from worker_adapters.sessions import SimTokenizer
+
+        # only what the child added was sent: without the fork it would be the whole prompt
+        assert forked.received == len(SimTokenizer().encode(history)) - len(shared)
+        # and the parent's own session is untouched by the child's turn
+        assert store.sessions[parent_sid].tokens == shared

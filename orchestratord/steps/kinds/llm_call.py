@@ -303,10 +303,14 @@ class _LlmRun:
         if not adapter.session_bound:
             yield request
             return
-        step = self.ctx.step
+        step, run = self.ctx.step, self.ctx.run
         sessions = self.ctx.services.sessions
         async with sessions.use(
-            step.run_id, self.pool.pool_id, self.replica.replica_id, adapter
+            step.run_id,
+            self.pool.pool_id,
+            self.replica.replica_id,
+            adapter,
+            parent_run_id=(run.forked_from or {}).get("run_id"),
         ) as session:
             yield dataclasses.replace(request, session=session)
 
