@@ -270,3 +270,27 @@ async def test_a_forked_run_forks_its_parents_engine_session(tmp_path: Path) -> 
         assert forked.received == len(SimTokenizer().encode(history)) - len(shared)
         # and the parent's own session is untouched by the child's turn
         assert store.sessions[parent_sid].tokens == shared
+
+
+@pytest.mark.parametrize("engine", ["kakeya", "salience"])
+async def test_drift_between_engine_and_record_is_repaired(engine: str, tmp_path: Path) -> None:
+    """The engine's session changed behind the run's back (a token more): the next turn
+    notices (history length, offset check), repairs from the record and succeeds, and what
+    the engine holds afterwards is the record, not the stray token."""
+    async with rig_for(engine, tmp_path) as rig:
+        c = rig.client
+        run_id = await make_run(c, seed=8)
+        one = (await submit(c, run_id, prompt="alpha beta ", max_tokens=4)).json()
+        first = await wait_status(c, one["step_id"], "failed", "succeeded")
+        store = rig.runtime.store
+        (sid,) = store.sessions
+        recorded = list(store.sessions[sid].tokens)
+        store.sessions[sid].tokens.append(recorded[0])  # the stray token
+        history = "alpha beta " + first["output"]["text"] + "gamma "
+        two = (await submit(c, run_id, prompt=history, max_tokens=4, token="2")).json()
+        done = await wait_status(c, two["step_id"], "failed", "succeeded")
+        assert done["status"] == "succeeded", done.get("error")
+        from worker_adapters.sessions import SimTokenizer
+
+        (now,) = store.sessions.values()  # the record and this turn, the stray token gone
+        assert now.tokens == SimTokenizer().encode(history) + done["output"]["token_ids"]
