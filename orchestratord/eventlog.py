@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -338,8 +339,10 @@ class EventWriter:
         *,
         max_pending: int = 20000,
         retries: int = 3,
+        observe: Callable[[int, float], None] | None = None,
     ) -> None:
         self.db = db
+        self._observe = observe  # (events, seconds) of each commit
         self._publish = publish
         self._max_pending = max_pending
         self._retries = retries
@@ -423,6 +426,7 @@ class EventWriter:
                 return
 
     async def _commit(self, batch: _Batch) -> None:
+        began = time.perf_counter()
         for attempt in range(self._retries + 1):
             try:
                 extra: list[LogEvent] = []
@@ -452,6 +456,8 @@ class EventWriter:
                     return
                 await asyncio.sleep(0.05 * 2**attempt)
         self.commits += 1
+        if self._observe is not None:
+            self._observe(len(committed), time.perf_counter() - began)
         self._publish(committed)
         for _, fut in batch.waiters:
             if not fut.done():

@@ -17,6 +17,7 @@ from orchestratord.db.models import Run, Step
 from orchestratord.dispatcher import Dispatcher
 from orchestratord.event_logging import EventLogLines
 from orchestratord.eventlog import RUN_END, EventWriter, LogEvent
+from orchestratord.metrics import Metrics
 from orchestratord.pools.config import load_pools_file, local_pool
 from orchestratord.pools.registry import PoolRegistry, build_registry
 from orchestratord.pools.sessions import RunSessions
@@ -50,9 +51,13 @@ class Orchestrator:
             if self.db.is_sqlite
             else LogWakeups(settings.database_url, self.hub, self.db.origin)
         )
+        self.metrics = Metrics()
         self.publish = EventLogLines(self._committed)
         self.writer = EventWriter(
-            self.db, self.publish, max_pending=settings.dispatch.max_pending_events
+            self.db,
+            self.publish,
+            max_pending=settings.dispatch.max_pending_events,
+            observe=self.metrics.commit,
         )
         if pools is None:
             specs = (
@@ -79,6 +84,7 @@ class Orchestrator:
                 retry_after_ms=adm.retry_after_s * 1000,
             ),
             default_cancel_on_disconnect=settings.stream.cancel_on_disconnect,
+            metrics=self.metrics,
         )
         tools, breakers = settings.tools, settings.breakers
         self.services = KindServices(
@@ -96,6 +102,7 @@ class Orchestrator:
             hub=self.hub,
             sessions=RunSessions(),
             poll_s=settings.stream.poll_s,
+            metrics=self.metrics,
         )
         dispatch = settings.dispatch
         self.leases = LeaseTerms.for_process(

@@ -8,7 +8,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from orchestratord import __version__
-from orchestratord.api import errors
+from orchestratord.api import errors, metrics_routes
 from orchestratord.api.correlation import CorrelationIdMiddleware
 from orchestratord.api.responses import JsonResponse
 from orchestratord.facts import routes as facts
@@ -51,7 +51,7 @@ def create_app(
     if orchestrator is not None:
         app.state.orchestrator = orchestrator
     errors.install(app)
-    for module in (flows, runs, steps, facts, pools, streams, transfer):
+    for module in (flows, runs, steps, facts, pools, streams, transfer, metrics_routes):
         app.include_router(module.router)
 
     @app.get("/healthz", tags=["health"])

@@ -39,6 +39,17 @@ STATUS: dict[type[E.OrchestratorError], int] = {
     GateExprInvalid: 422,
     E.Cancelled: 409,
 }
+# refused before anything ran: counted by code on /metrics
+REFUSALS = (
+    BudgetExceeded,
+    PolicyDenied,
+    AdmissionReject,
+    QueueFullDropLru,
+    Unpriced,
+    E.PoolUnavailable,
+    E.NoCapacity,
+    E.CircuitOpen,
+)
 _TAG_ERRORS = frozenset({"union_tag_invalid", "union_tag_not_found"})
 _HTTP_CODES = {404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED", 400: "INVALID_PARAMS"}
 
@@ -59,8 +70,12 @@ def _status_of(exc: E.OrchestratorError) -> int:
     return 500
 
 
-async def on_domain_error(_request: Request, exc: Exception) -> JsonResponse:
+async def on_domain_error(request: Request, exc: Exception) -> JsonResponse:
     assert isinstance(exc, E.OrchestratorError)
+    if isinstance(exc, REFUSALS):
+        orch = getattr(request.app.state, "orchestrator", None)
+        if orch is not None:
+            orch.metrics.refusals.labels(exc.code).inc()
     return error_response(_status_of(exc), exc.body())
 
 

@@ -105,6 +105,7 @@ class Execution:
                     await end_interrupted(
                         tx, step=step, message="the step failed inside orchestratord; see its logs"
                     )
+                    self.services.metrics.steps.labels(step.type, "failed").inc()
             self.writer.publish(tx.events)
             self.writer.forget(self.step_id)
         except Exception:
@@ -148,3 +149,4 @@ class Execution:
             if timer is not None:
                 timer.cancel()
         await ctx.log.close(ending.event, ending_finalizer(step.step_id, ending))
+        self.services.metrics.steps.labels(step.type, ending.status.value).inc()

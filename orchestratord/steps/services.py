@@ -4,9 +4,10 @@ Breaker state lives in this process (see ``orchestrator_core.breakers``)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from orchestrator_core.breakers import BreakerBoard
+from orchestratord.metrics import Metrics
 from orchestratord.pools.sessions import RunSessions
 from orchestratord.streams.hub import Hub
 from orchestratord.tools.executors import ToolExecutors
@@ -20,6 +21,7 @@ class KindServices:
     hub: Hub  # waiting gates follow their run's events
     sessions: RunSessions  # engine sessions owned by runs (session-bound engines)
     poll_s: float = 0.5  # how often a waiting gate re-reads for other processes' facts
+    metrics: Metrics = field(default_factory=Metrics)
 
     async def aclose(self) -> None:
         await self.tools.aclose()

@@ -36,6 +36,7 @@ from orchestrator_core.placement import choose_pool
 from orchestrator_core.policy import Decision, PolicyDenied, PolicySubject, RulePolicy, redact_json
 from orchestrator_core.pricing import Price
 from orchestratord.db.models import Flow, Run, Step
+from orchestratord.metrics import Metrics
 from orchestratord.policies import policy_of
 from orchestratord.pools.registry import Pool, PoolRegistry
 from orchestratord.prices import PriceBook
@@ -58,6 +59,7 @@ class SubmitContext:
     prices: PriceBook
     admission: AdmissionPolicy
     default_cancel_on_disconnect: bool
+    metrics: Metrics = field(default_factory=Metrics)
 
 
 @dataclass(frozen=True)
@@ -179,7 +181,13 @@ class Police:
             pool.model_name if pool is not None else target.model if target is not None else None
         )
         subject = sub.kind.subject(sub.stored, model=model, pool=sub.pool_id)
-        sub.decision = enforce_logged(sub.run_id, policy_of(sub.run), subject)
+        decisions = sub.ctx.metrics.policy
+        try:
+            sub.decision = enforce_logged(sub.run_id, policy_of(sub.run), subject)
+        except PolicyDenied:
+            decisions.labels("denied").inc()
+            raise
+        decisions.labels("allowed").inc()
         if sub.decision.patterns:
             sub.stored = redact_json(sub.stored, sub.decision.patterns)
         sub.llm = sub.kind.llm_input(sub.stored)

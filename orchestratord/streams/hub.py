@@ -146,6 +146,13 @@ class Hub:
     def unsubscribe_run(self, run_id: str) -> int:
         return self._unsubscribe(self._runs, run_id)
 
+    def subscribers(self) -> dict[str, int]:
+        """Open streams by what they follow."""
+        return {
+            "step": sum(c.refs for c in self._steps.values()),
+            "run": sum(c.refs for c in self._runs.values()),
+        }
+
     def followers(self, step_id: str) -> int:
         chan = self._steps.get(step_id)
         return chan.refs if chan else 0

@@ -74,6 +74,7 @@ class _Progress:
     parts: list[str] = field(default_factory=list)
     token_ids: list[int | None] = field(default_factory=list)
     finish: Finish | None = None
+    first_at: float | None = None  # monotonic time of the first token
 
 
 class LlmCall:
@@ -208,6 +209,7 @@ class _LlmRun:
         finish = progress.finish
         tokens_out = len(progress.parts)
         tokens_in = finish.tokens_in if finish else 0
+        self._observe(progress, started, decode_s, tokens_in, tokens_out)
         cost = self.price.cost(tokens_in, tokens_out, decode_s)
         provenance = {
             **determinism,
@@ -295,6 +297,17 @@ class _LlmRun:
             provenance=provenance,
             replay_outcome=outcome,
         )
+
+    def _observe(
+        self, progress: _Progress, started: float, decode_s: float, tokens_in: int, tokens_out: int
+    ) -> None:
+        metrics, pool = self.ctx.services.metrics, self.pool.pool_id
+        metrics.placements.labels(pool, self.replica.replica_id).inc()
+        if progress.first_at is not None:
+            metrics.ttft.labels(pool).observe(progress.first_at - started)
+        metrics.decode.labels(pool).observe(decode_s)
+        metrics.tokens.labels(pool, "in").inc(tokens_in)
+        metrics.tokens.labels(pool, "out").inc(tokens_out)
 
     @contextlib.asynccontextmanager
     async def _session(self, request: GenerationRequest) -> AsyncIterator[GenerationRequest]:
@@ -442,6 +455,8 @@ class _LlmRun:
                         **ranked,
                     )
                 )
+            if not progress.parts:
+                progress.first_at = clock.clock.monotonic()
             progress.parts.append(text)
             progress.token_ids.append(token.token_id)
             if comparator is not None and comparator.at_cap:
