@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestratord.api.correlation import CorrelationLogFilter
+from orchestratord.db.single_process import DatabaseInUse, SingleProcessLock
 from orchestratord.event_logging import JsonFormatter
 from orchestratord.pools.config import PoolConfigError, load_pools_file
 from orchestratord.settings import Settings
@@ -53,6 +54,14 @@ def serve(args: argparse.Namespace) -> int:
         except PoolConfigError as exc:
             print(f"orchestratord: invalid pools file:\n{exc}", file=sys.stderr)
             return 2
+    lock = SingleProcessLock.for_url(settings.database_url)
+    if lock is not None:  # refuse here, before the server starts, with a plain message
+        try:
+            lock.acquire()
+        except DatabaseInUse as exc:
+            print(f"orchestratord: {exc}", file=sys.stderr)
+            return 2
+        lock.release()
     configure_logging(settings.log_level, settings.log_format)
     app = create_app(settings)
     config = uvicorn.Config(

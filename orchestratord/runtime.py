@@ -14,6 +14,7 @@ from orchestrator_core.pricing import Price
 from orchestratord.db.engine import Database
 from orchestratord.db.migrate import upgrade
 from orchestratord.db.models import Run, Step
+from orchestratord.db.single_process import SingleProcessLock
 from orchestratord.dispatcher import Dispatcher
 from orchestratord.event_logging import EventLogLines
 from orchestratord.eventlog import RUN_END, EventWriter, LogEvent
@@ -45,6 +46,7 @@ class Orchestrator:
             pool_size=settings.db_pool_size,
             max_overflow=settings.db_max_overflow,
         )
+        self.lock = SingleProcessLock.for_url(settings.database_url)
         self.hub = Hub(buffer_events=settings.stream.buffer_events)
         self.wakeups = (
             None
@@ -141,6 +143,8 @@ class Orchestrator:
                 self._spawn(self.services.sessions.end_run(ev.run_id))
 
     async def start(self, *, migrate: bool = True) -> None:
+        if self.lock is not None:
+            self.lock.acquire()  # before anything is written: one process per SQLite file
         if migrate:
             await upgrade(self.db)
         await self.keeper.reap_on_start(single_process=self.db.is_sqlite)
@@ -186,6 +190,8 @@ class Orchestrator:
         if self.wakeups is not None:
             await self.wakeups.stop()
         await self.db.dispose()
+        if self.lock is not None:
+            self.lock.release()
 
     @asynccontextmanager
     async def tx(self) -> AsyncIterator[Tx]:

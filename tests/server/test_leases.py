@@ -57,9 +57,8 @@ async def crash(orch: Orchestrator) -> None:
     if orch.wakeups is not None:
         await orch.wakeups.stop()
     await orch.db.dispose()
-    release = getattr(orch, "_release_single_process", None)
-    if release is not None:
-        release()
+    if orch.lock is not None:
+        orch.lock.release()  # the process's death lets go of its SQLite file
 
 
 async def gate(client: httpx.AsyncClient, run_id: str, expr: str, wait_ms: int) -> str:
