@@ -313,12 +313,19 @@ class StepReplay:
         return code
 
 
+# What the server adds to a step's stored input (a plan's tool schemas and template, resolved
+# from the flow when it was submitted): not part of a submission.
+DERIVED_INPUT = {"llm_plan": ("tool_specs", "template")}
+
+
 def replay_step_body(recorded: JsonObject) -> JsonObject:
     """The submission that repeats a recorded step (placement is the replay run's business)."""
+    derived = DERIVED_INPUT.get(str(recorded["type"]), ())
+    stored = recorded.get("input") or {}
     return {
         "type": recorded["type"],
         "client_token": recorded["client_token"],
-        "input": recorded.get("input") or {},
+        "input": {k: v for k, v in stored.items() if k not in derived},
         "budgets": recorded.get("budgets"),
         "placement": None,
         "priority": recorded.get("priority") or "interactive",

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from orchestratord import __version__
 from orchestratord.api.correlation import CorrelationLogFilter
 from orchestratord.db.single_process import DatabaseInUse, SingleProcessLock
 from orchestratord.event_logging import JsonFormatter
@@ -103,6 +104,7 @@ def db_command(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="orchestratord", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"orchestratord {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     p_serve = sub.add_parser("serve", help="run the HTTP/SSE server")
     p_serve.add_argument("--host")
