@@ -752,7 +752,6 @@ def versions() -> dict[str, str]:
     for pkg in (
         "uvicorn",
         "starlette",
-        "sse-starlette",
         "fastapi",
         "httpx",
         "sqlalchemy",

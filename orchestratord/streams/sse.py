@@ -7,6 +7,7 @@ cursor, so a reconnecting client sees no gap and no duplicate.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import orjson
@@ -24,6 +25,7 @@ from orchestratord.steps.queries import queue_narration
 from orchestratord.streams.hub import Channel
 
 Reader = Callable[[int, int], Awaitable[list[LogEvent]]]
+KEEPALIVE = b": keep-alive\n\n"
 EndedBefore = Callable[[int], Awaitable[bool]]
 _IDLE_WAIT_S = 300.0  # a caught-up follower that every relevant commit wakes looks anyway
 
@@ -44,14 +46,20 @@ async def _follow(
     run_cursor: bool,
     batch: int,
     poll_s: float,
+    keepalive_s: float,
     state: dict[str, bool],
     ended_before: EndedBefore | None = None,
     narrate: QueueNarration | None = None,
 ) -> AsyncIterator[bytes]:
     # The log is read at the start, when the live tail cannot serve the cursor, when another
     # process poked the channel (it appended here), and after a quiet wait of ``poll_s``.
-    # With wake-ups (or one process, SQLite) ``poll_s`` is long: idle followers sleep.
+    # With wake-ups (or one process, SQLite) ``poll_s`` is long: idle followers sleep. After
+    # ``keepalive_s`` without a frame, a keep-alive comment goes out (the response has no
+    # timer of its own).
     seen = -1  # the channel's poke count at our last read of the log; -1: read now
+    clock = asyncio.get_running_loop().time
+    ping_at = clock() + keepalive_s
+    look_at: float | None = None  # when the current quiet wait ends
     while True:
         if channel.closed:  # shutting down: the client resumes elsewhere at its cursor
             return
@@ -64,21 +72,33 @@ async def _follow(
                 return
         if events:
             yield encode_frames(events, run_cursor=run_cursor)
+            ping_at = clock() + keepalive_s
+            look_at = None
             last = events[-1]
             cursor = (last.run_seq if run_cursor else (last.seq or 0)) + 1
             if last.terminal if not run_cursor else last.type == RUN_END:
                 state["ended"] = True
                 return
             continue
-        # keep-alives are sent by the response itself; a queued step is told where it waits
-        # after a quiet wait (not at the start: most steps start at once, and a stream's
-        # start is on the time-to-first-token path)
+        # a queued step is told where it waits after a quiet wait (not at the start: most
+        # steps start at once, and a stream's start is on the time-to-first-token path)
         waiting = narrate if narrate is not None and narrate.active else None
-        timeout = poll_s if waiting is None else min(poll_s, waiting.poll_s)
-        if not await channel.wait(cursor, timeout):  # a quiet wait: look in the log again
-            seen = -1
-            if waiting is not None and (frame := await waiting()):
-                yield frame
+        quiet = poll_s if waiting is None else min(poll_s, waiting.poll_s)
+        now = clock()
+        if now >= ping_at:
+            yield KEEPALIVE
+            ping_at = now + keepalive_s
+        if look_at is None:
+            look_at = now + quiet
+        if now < look_at:
+            if await channel.wait(cursor, min(look_at, ping_at) - now):
+                look_at = None  # something came: the quiet wait starts over
+            continue
+        look_at = None
+        seen = -1  # a quiet wait: look in the log again
+        if waiting is not None and (frame := await waiting()):
+            yield frame
+            ping_at = clock() + keepalive_s
 
 
 class QueueNarration:
@@ -137,6 +157,7 @@ async def follow_step(
             run_cursor=False,
             batch=settings.read_batch,
             poll_s=_poll_s(orch),
+            keepalive_s=settings.keepalive_s,
             state=state,
             ended_before=ended_before,
             narrate=QueueNarration(orch, step_id),
@@ -166,6 +187,7 @@ async def follow_run(orch: Orchestrator, run_id: str, from_run_seq: int) -> Asyn
             run_cursor=True,
             batch=settings.read_batch,
             poll_s=_poll_s(orch),
+            keepalive_s=settings.keepalive_s,
             state={"ended": False},
             ended_before=ended_before,
         ):
