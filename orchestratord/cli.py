@@ -62,7 +62,7 @@ def serve(args: argparse.Namespace) -> int:
         except DatabaseInUse as exc:
             print(f"orchestratord: {exc}", file=sys.stderr)
             return 2
-        lock.release()
+        lock.hand_over()  # held on for the orchestrator the server starts
     configure_logging(settings.log_level, settings.log_format)
     app = create_app(settings)
     config = uvicorn.Config(

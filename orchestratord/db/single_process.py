@@ -24,6 +24,9 @@ except ImportError:  # pragma: no cover - not on POSIX
 
 log = logging.getLogger(__name__)
 
+# Locks that ``serve`` took and keeps for the orchestrator it starts (see hand_over).
+_handed_over: dict[Path, int] = {}
+
 
 class DatabaseInUse(RuntimeError):
     pass
@@ -55,6 +58,10 @@ class SingleProcessLock:
         if fcntl is None:  # pragma: no cover
             log.warning("no file locks here: a second process on %s is not refused", self.database)
             return
+        handed = _handed_over.pop(self.database, None)
+        if handed is not None:  # taken at the command line, kept for us: no gap to race into
+            self._fd = handed
+            return
         self.database.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
@@ -70,6 +77,14 @@ class SingleProcessLock:
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
         self._fd = fd
+
+    def hand_over(self) -> None:
+        """Keep the lock held for the next :meth:`acquire` of the same file in this process:
+        ``serve`` checks before the server starts and the orchestrator it starts takes the lock
+        over, so another process starting at the same moment cannot slip in between."""
+        if self._fd is not None:
+            _handed_over[self.database] = self._fd
+            self._fd = None
 
     def release(self) -> None:
         """Let go (also what the process's death does)."""
