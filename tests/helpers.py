@@ -124,3 +124,15 @@ async def stored_events(
         stmt = stmt.where(Event.step_id == step_id).order_by(Event.seq)
     async with db.read() as session:
         return expand((await session.execute(stmt)).all())
+
+
+async def tokens_committed(db: Any, step_id: str, n: int) -> None:
+    """Wait (bounded) until ``step_id`` has committed at least ``n`` token events."""
+    import asyncio
+
+    for _ in range(500):
+        events = await stored_events(db, step_id=step_id)
+        if sum(1 for e in events if e.type == "token") >= n:
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"step {step_id} never committed {n} tokens")

@@ -16,7 +16,7 @@ from orchestratord.api.app import create_app
 from orchestratord.runtime import Orchestrator
 from orchestratord.settings import Settings
 from tests.conftest import make_settings
-from tests.helpers import make_run, read_stream, submit, wait_status
+from tests.helpers import make_run, read_stream, submit, tokens_committed, wait_status
 
 LEASE = {"lease_s": 0.6}
 
@@ -74,17 +74,6 @@ async def gate(client: httpx.AsyncClient, run_id: str, expr: str, wait_ms: int) 
     return str(r.json()["step_id"])
 
 
-async def tokens_committed(orch: Orchestrator, step_id: str, n: int) -> None:
-    from tests.helpers import stored_events
-
-    for _ in range(500):
-        events = await stored_events(orch.db, step_id=step_id)
-        if sum(1 for e in events if e.type == "token") >= n:
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"step {step_id} never committed {n} tokens")
-
-
 def cursors(events: list[Any]) -> list[str | None]:
     return [e.id for e in events]
 
@@ -116,7 +105,7 @@ async def test_a_step_that_streamed_tokens_ends_worker_lost_keeping_them(db_url:
     async with serving(settings) as (first, client):
         run_id = await make_run(client, budgets={"max_tokens_out": 5000})
         step_id = (await submit(client, run_id, max_tokens=1000)).json()["step_id"]
-        await tokens_committed(first, step_id, 3)
+        await tokens_committed(first.db, step_id, 3)
         await crash(first)
     async with serving(settings) as (_, client):
         step = await wait_status(client, step_id, "failed")

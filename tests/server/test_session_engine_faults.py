@@ -23,7 +23,7 @@ from test_harness.kakeya_runtime import serve_kakeya
 from test_harness.salience_runtime import serve_salience
 from test_harness.uma_runtime import serve_uma
 from tests.conftest import make_settings
-from tests.helpers import make_run, stored_events, submit, wait_status
+from tests.helpers import make_run, submit, tokens_committed, wait_status
 
 ENGINES = ["kakeya", "salience", "uma"]
 
@@ -87,15 +87,6 @@ async def rig_for(engine: str, tmp_path: Path, **options: Any) -> AsyncIterator[
             await orch.stop()
 
 
-async def tokens_committed(orch: Orchestrator, step_id: str, n: int) -> None:
-    for _ in range(500):
-        events = await stored_events(orch.db, step_id=step_id)
-        if sum(1 for e in events if e.type == "token") >= n:
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"step {step_id} never committed {n} tokens")
-
-
 def cancels_seen(rig: Rig) -> int:
     if rig.engine == "uma":
         return len(rig.runtime.stats.cancels)
@@ -106,7 +97,7 @@ async def test_a_cancel_reaches_the_engine(rig: Rig) -> None:
     held = rig.runtime.faults.hold(3)  # the engine pauses after 3 tokens
     run_id = await make_run(rig.client, seed=1)
     step_id = (await submit(rig.client, run_id, prompt="alpha", max_tokens=40)).json()["step_id"]
-    await tokens_committed(rig.orch, step_id, 3)
+    await tokens_committed(rig.orch.db, step_id, 3)
     assert (await rig.client.post(f"/v1/steps/{step_id}/cancel")).status_code == 202
     step = await wait_status(rig.client, step_id, "cancelled", "failed", "succeeded")
     assert step["status"] == "cancelled"
