@@ -11,6 +11,7 @@ OrchestratorError            code, message, retriable, details
 ├── ToolArgsInvalid          422 TOOL_ARGS_INVALID (every schema error, with its pointer)
 ├── ToolError                502 TOOL_ERROR       (a tool failed: a step error)
 ├── CircuitOpen              503 CIRCUIT_OPEN     (a breaker is open: retriable)
+├── LimitExceeded            429 LIMIT_EXCEEDED   (a configured limit, named: retriable)
 └── Cancelled                    CANCELLED
 """
 
@@ -119,4 +120,16 @@ class CircuitOpen(OrchestratorError):
             f"circuit {target} is open: calls fail fast for {retry_after_ms} ms",
             details={"target": target, "state": "open"},
             retry_after_ms=retry_after_ms,
+        )
+
+
+class LimitExceeded(OrchestratorError):
+    """A configured limit refused the request; ``details.limit`` names the setting."""
+
+    code = "LIMIT_EXCEEDED"
+    retriable = True
+
+    def __init__(self, message: str, *, limit: str, value: int, retry_after_ms: int) -> None:
+        super().__init__(
+            message, details={"limit": limit, "value": value}, retry_after_ms=retry_after_ms
         )

@@ -36,6 +36,18 @@ class StreamSettings(BaseModel):
         description="How often a follower on PostgreSQL re-reads the log for other processes' "
         "writes (SQLite is one process: its followers are woken, never poll)",
     )
+    max_followers_per_step: int = Field(
+        default=256,
+        ge=1,
+        description="Open streams of one step in one process; more are refused with 429 "
+        "LIMIT_EXCEEDED (retriable)",
+    )
+    max_followers: int = Field(
+        default=20000,
+        ge=1,
+        description="Open streams (steps and runs) in one process; more are refused with 429 "
+        "LIMIT_EXCEEDED (retriable)",
+    )
     cancel_on_disconnect: bool = Field(
         default=False,
         description="Server-wide default: cancel a step when its last subscriber leaves",

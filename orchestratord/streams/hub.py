@@ -146,6 +146,9 @@ class Hub:
     def unsubscribe_run(self, run_id: str) -> int:
         return self._unsubscribe(self._runs, run_id)
 
+    def open_streams(self) -> int:
+        return sum(c.refs for c in self._steps.values()) + sum(c.refs for c in self._runs.values())
+
     def subscribers(self) -> dict[str, int]:
         """Open streams by what they follow."""
         return {

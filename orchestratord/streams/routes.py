@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 from fastapi import APIRouter, Depends, Header, Query
 
 from contracts.bounds import MAX_INT
-from orchestrator_core.errors import InvalidParams
+from orchestrator_core.errors import InvalidParams, LimitExceeded
 from orchestratord.api.deps import orchestrator
 from orchestratord.runs.service import get_run
 from orchestratord.runtime import Orchestrator
@@ -37,6 +37,25 @@ def _resume_from(last_event_id: str | None, after: int | None) -> int:
     return 0
 
 
+def _admit(orch: Orchestrator, step_id: str | None) -> None:
+    """Refuse a stream past the process's limits (before the follower subscribes)."""
+    limits, hub = orch.settings.stream, orch.hub
+    if step_id is not None and hub.followers(step_id) >= limits.max_followers_per_step:
+        raise LimitExceeded(
+            f"step {step_id} has {limits.max_followers_per_step} open streams here",
+            limit="stream.max_followers_per_step",
+            value=limits.max_followers_per_step,
+            retry_after_ms=1000,
+        )
+    if hub.open_streams() >= limits.max_followers:
+        raise LimitExceeded(
+            f"this process holds {limits.max_followers} open streams",
+            limit="stream.max_followers",
+            value=limits.max_followers,
+            retry_after_ms=1000,
+        )
+
+
 def _response(body: AsyncIterator[bytes]) -> EventStreamResponse:
     return EventStreamResponse(body, headers=SSE_HEADERS)
 
@@ -51,6 +70,7 @@ async def stream_step(
     orch: Orchestrator = Depends(orchestrator),
 ) -> EventStreamResponse:
     start = _resume_from(last_event_id, after)
+    _admit(orch, step_id)
     async with orch.db.read() as session:
         cod = await cancel_on_disconnect(session, step_id=step_id)
     return _response(follow_step(orch, step_id, start, cancel_on_disconnect=cod))
@@ -66,6 +86,7 @@ async def stream_run(
     orch: Orchestrator = Depends(orchestrator),
 ) -> EventStreamResponse:
     start = _resume_from(last_event_id, after)
+    _admit(orch, None)
     async with orch.db.read() as session:
         await get_run(session, run_id=run_id)
     return _response(follow_run(orch, run_id, start))

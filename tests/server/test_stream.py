@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from typing import Any
 
 import httpx
 import pytest
@@ -302,3 +303,59 @@ async def test_idle_followers_read_the_log_only_when_they_cannot_be_woken(
     if not orch.db.is_sqlite:
         monkeypatch.setattr(orch, "wakeups", None)  # no wake-ups: it must poll the log
         assert await idle_reads() >= 2
+
+
+async def test_streams_past_the_limits_are_refused_naming_the_limit(db_url: str) -> None:
+    """One step's open streams, and the process's, are capped: 429 LIMIT_EXCEEDED, retriable,
+    naming the setting; a stream that ends frees its place."""
+    settings = make_settings(
+        db_url,
+        sim={"tokens_per_s": 5.0},
+        stream={"max_followers_per_step": 2, "max_followers": 3},
+    )
+    orch = Orchestrator(settings)
+    await orch.start()
+
+    async def until(done: Any) -> None:
+        for _ in range(250):
+            if done():
+                return
+            await asyncio.sleep(0.02)
+        raise AssertionError("never")
+
+    try:
+        async with (
+            serve_app(create_app(orchestrator=orch)) as url,
+            httpx.AsyncClient(base_url=url, timeout=30) as client,
+        ):
+            run_id = await make_run(client)
+            step_id = (await submit(client, run_id, max_tokens=200)).json()["step_id"]
+            path = f"/v1/steps/{step_id}/stream"
+
+            async def follow(p: str) -> None:
+                async with client.stream("GET", p) as r:
+                    async for _ in r.aiter_bytes():
+                        pass  # a client reading on
+
+            readers = [asyncio.create_task(follow(path)) for _ in range(2)]
+            await until(lambda: orch.hub.followers(step_id) == 2)
+            refused = await client.get(path)
+            assert refused.status_code == 429
+            body = refused.json()
+            assert body["code"] == "LIMIT_EXCEEDED" and body["retriable"] is True
+            assert body["details"]["limit"] == "stream.max_followers_per_step"
+            assert body["retry_after_ms"] > 0 and refused.headers["Retry-After"]
+            readers.append(asyncio.create_task(follow(f"/v1/runs/{run_id}/stream")))
+            await until(lambda: orch.hub.open_streams() == 3)
+            other = await client.get(f"/v1/runs/{run_id}/stream")
+            assert other.status_code == 429
+            assert other.json()["details"]["limit"] == "stream.max_followers"
+            for task in readers:
+                task.cancel()
+            await asyncio.gather(*readers, return_exceptions=True)
+            await until(lambda: orch.hub.open_streams() == 0)  # closed streams free places
+            await client.post(f"/v1/steps/{step_id}/cancel")
+            again = await client.get(path)  # the step has ended: its whole log, then closed
+            assert again.status_code == 200 and "event: end" in again.text
+    finally:
+        await orch.stop()
