@@ -1,14 +1,24 @@
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from contracts.bounds import MAX_COST_USD, MAX_JSON_DEPTH, Count, check_storable
 
 
 class Strict(BaseModel):
-    """Request bodies: unknown fields are an error that names them."""
+    """Request bodies: unknown fields are an error that names them; every field holds what
+    can be stored and read back (``contracts.bounds``): finite floats, no value nested deeper
+    than ``json_depth`` levels, integers within 64 bits, no lone surrogate."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    json_depth: ClassVar[int] = MAX_JSON_DEPTH
+
+    @field_validator("*")
+    @classmethod
+    def _storable(cls, value: Any) -> Any:
+        return check_storable(value, cls.json_depth)
 
 
 class Out(BaseModel):
@@ -16,10 +26,12 @@ class Out(BaseModel):
 
 
 class Budgets(Strict):
-    max_tokens_in: int | None = Field(default=None, ge=0)
-    max_tokens_out: int | None = Field(default=None, ge=0)
-    max_wall_ms: int | None = Field(default=None, ge=0)
-    max_cost_usd: float | None = Field(default=None, ge=0)
+    max_tokens_in: Count | None = Field(default=None, description="0..2^53-1 prompt tokens")
+    max_tokens_out: Count | None = Field(default=None, description="0..2^53-1 output tokens")
+    max_wall_ms: Count | None = Field(default=None, description="0..2^53-1 milliseconds")
+    max_cost_usd: float | None = Field(
+        default=None, ge=0, le=MAX_COST_USD, description="0..1e9 USD, finite"
+    )
 
 
 class PinPlacement(Strict):

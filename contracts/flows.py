@@ -5,13 +5,16 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from contracts.bounds import MAX_INT, RequiredJson
 from contracts.common import Out, Strict
 
 
 class HttpExecutor(Strict):
     kind: Literal["http"]
     url: str = Field(min_length=1, pattern=r"^https?://", description="POSTed the args as JSON")
-    timeout_ms: int | None = Field(default=None, gt=0, description="per attempt")
+    timeout_ms: int | None = Field(
+        default=None, gt=0, le=MAX_INT, description="per attempt, 1..2^53-1"
+    )
     idempotent: bool | None = Field(
         default=None, description="the tool may be called again: failed calls are retried"
     )
@@ -19,7 +22,10 @@ class HttpExecutor(Strict):
         default=None, ge=0, le=10, description="retries of an idempotent tool (default: 2)"
     )
     max_reply_bytes: int | None = Field(
-        default=None, gt=0, description="a larger reply is a TOOL_ERROR (default: 1 MiB)"
+        default=None,
+        gt=0,
+        le=MAX_INT,
+        description="a larger reply is a TOOL_ERROR (default: 1 MiB; 1..2^53-1)",
     )
 
 
@@ -36,7 +42,7 @@ class Tool(Strict):
 
 
 class FlowCreate(Strict):
-    ast: Any = Field(description="The normalized program, any JSON")
+    ast: RequiredJson = Field(description="The normalized program, any JSON but null")
     tools: list[Tool] = Field(default_factory=list)
     config: dict[str, Any] = Field(default_factory=dict)
     labels: dict[str, str] = Field(default_factory=dict)

@@ -7,14 +7,15 @@ from typing import Any
 
 from pydantic import Field
 
+from contracts.bounds import RequiredJson, Text
 from contracts.common import Out, Strict
 
 
 class FactCreate(Strict):
-    type: str = Field(min_length=1, max_length=200)
-    data: Any
-    schema_uri: str | None = None
-    step_id: str | None = Field(default=None, description="the step that emitted the fact")
+    type: Text = Field(min_length=1, max_length=200)
+    data: RequiredJson = Field(description="any JSON but null")
+    schema_uri: Text | None = None
+    step_id: Text | None = Field(default=None, description="the step that emitted the fact")
 
 
 class FactOut(Out):
@@ -29,7 +30,7 @@ class FactOut(Out):
 
 class CheckpointCreate(Strict):
     state: dict[str, Any]
-    step_id: str | None = None
+    step_id: Text | None = None
 
 
 class CheckpointOut(Out):

@@ -5,6 +5,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from contracts.bounds import Count, Text
 from contracts.common import Budgets, Out, Placement, Strict
 
 RunMode = Literal["record", "replay", "strict_replay"]
@@ -31,17 +32,17 @@ class Policy(Strict):
 
 
 class FsPolicy(Strict):
-    roots: list[str] = Field(default_factory=list)
-    allow: list[str] = Field(default_factory=list)
-    deny: list[str] = Field(default_factory=list)
-    quota_bytes: int | None = Field(default=None, ge=0)
-    quota_files: int | None = Field(default=None, ge=0)
+    roots: list[Text] = Field(default_factory=list)
+    allow: list[Text] = Field(default_factory=list)
+    deny: list[Text] = Field(default_factory=list)
+    quota_bytes: Count | None = Field(default=None, description="0..2^53-1 bytes")
+    quota_files: Count | None = Field(default=None, description="0..2^53-1 files")
 
 
 class RunCreate(Strict):
     mode: RunMode = "record"
     seed: int | None = Field(default=None, ge=0, le=MAX_SEED)
-    source_run_id: str | None = Field(
+    source_run_id: Text | None = Field(
         default=None, description="the recorded run; required for replay and strict_replay"
     )
     budgets: Budgets = Field(default_factory=Budgets)
@@ -93,7 +94,7 @@ class RunComplete(Strict):
 
 
 class RunFork(Strict):
-    checkpoint_id: str = Field(min_length=1, description="a checkpoint of the run to fork")
+    checkpoint_id: Text = Field(min_length=1, description="a checkpoint of the run to fork")
 
 
 class CancelOut(Out):

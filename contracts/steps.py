@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal, get_args
 
 from pydantic import Field, model_validator
 
+from contracts.bounds import MAX_INT, MAX_TOP_K, Text
 from contracts.common import Budgets, Out, Placement, Strict
 from contracts.runs import Usage
 
@@ -24,7 +25,7 @@ class LlmParams(Strict):
     max_tokens: int | None = Field(default=None, ge=1, le=131072)
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, gt=0, le=1)
-    top_k: int | None = Field(default=None, ge=0)
+    top_k: int | None = Field(default=None, ge=0, le=MAX_TOP_K, description="0..2^31-1")
     stop: list[str] | None = Field(default=None, max_length=16)
     logprobs: bool | None = Field(default=None, description="report log p of each token")
     json_schema: dict[str, Any] | None = Field(
@@ -69,7 +70,7 @@ class FsOpInput(Strict):
 
 class GateEvalInput(Strict):
     expr: str = Field(min_length=1, description="a CEL expression over the run's facts")
-    wait_ms: int | None = Field(default=None, ge=0)
+    wait_ms: int | None = Field(default=None, ge=0, le=MAX_INT, description="0..2^53-1")
 
 
 class CheckpointInput(Strict):
@@ -77,7 +78,7 @@ class CheckpointInput(Strict):
 
 
 class _StepCreateBase(Strict):
-    client_token: str = Field(min_length=1, max_length=256)
+    client_token: Text = Field(min_length=1, max_length=256)
     budgets: Budgets | None = None
     placement: Placement | None = None
     cancel_on_disconnect: bool | None = None

@@ -8,10 +8,11 @@ byte. Autoincrement surrogate keys (``events.id``, ``facts.id``) do not travel: 
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
+from contracts.bounds import MAX_JSON_DEPTH
 from contracts.common import Strict
 
 BUNDLE_FORMAT = "orchestratord.run/v1"
@@ -20,6 +21,10 @@ Row = dict[str, Any]
 
 
 class RunBundle(Strict):
+    # A row is an object in a list; its JSON columns hold request values a level or two
+    # below where the request had them (a step's ``input.args``, a flow's ``ast``).
+    json_depth: ClassVar[int] = MAX_JSON_DEPTH + 8
+
     format: Literal["orchestratord.run/v1"] = Field(description="the bundle format and version")
     flow: Row = Field(description="the run's flow: a row of the flows table")
     run: Row = Field(description="a row of the runs table")

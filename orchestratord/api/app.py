@@ -5,11 +5,12 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 
 from orchestratord import __version__
 from orchestratord.api import errors, metrics_routes
 from orchestratord.api.correlation import CorrelationIdMiddleware
+from orchestratord.api.params import refuse_nul
 from orchestratord.api.responses import JsonResponse
 from orchestratord.facts import routes as facts
 from orchestratord.flows import routes as flows
@@ -47,6 +48,7 @@ def create_app(
         summary="Control plane for LLM agent work: flows, runs, steps, facts, pools; typed SSE.",
         lifespan=lifespan,
         default_response_class=JsonResponse,
+        dependencies=[Depends(refuse_nul)],
     )
     if orchestrator is not None:
         app.state.orchestrator = orchestrator

@@ -8,6 +8,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from contracts.bounds import UNSTORABLE
 from contracts.steps import STEP_TYPES
 from orchestrator_core import errors as E
 from orchestrator_core.admission import AdmissionReject, QueueFullDropLru
@@ -36,6 +37,7 @@ STATUS: dict[type[E.OrchestratorError], int] = {
     E.ToolArgsInvalid: 422,
     E.ToolError: 502,
     E.CircuitOpen: 503,
+    E.LimitExceeded: 429,
     GateExprInvalid: 422,
     E.Cancelled: 409,
 }
@@ -49,6 +51,7 @@ REFUSALS = (
     E.PoolUnavailable,
     E.NoCapacity,
     E.CircuitOpen,
+    E.LimitExceeded,
 )
 _TAG_ERRORS = frozenset({"union_tag_invalid", "union_tag_not_found"})
 _HTTP_CODES = {404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED", 400: "INVALID_PARAMS"}
@@ -92,6 +95,13 @@ def _field(loc: tuple[Any, ...], error_type: str = "") -> str:
     return ".".join(parts)
 
 
+def _field_of(error: Any) -> str:
+    field = _field(tuple(error["loc"]), error.get("type", ""))
+    if error.get("type") == UNSTORABLE:  # the place inside a JSON value: ``data.a[2]``
+        field += error.get("ctx", {}).get("at", "")
+    return field
+
+
 async def on_validation_error(_request: Request, exc: Exception) -> JsonResponse:
     assert isinstance(exc, RequestValidationError)
     errors = list(exc.errors())
@@ -102,9 +112,7 @@ async def on_validation_error(_request: Request, exc: Exception) -> JsonResponse
             .get("error", "malformed JSON")
         )
         return error_response(400, E.InvalidParams(f"malformed JSON: {msg}", field="body").body())
-    fields = [
-        {"field": _field(tuple(e["loc"]), e.get("type", "")), "message": e["msg"]} for e in errors
-    ]
+    fields = [{"field": _field_of(e), "message": e["msg"]} for e in errors]
     first = fields[0] if fields else {"field": "body", "message": "invalid"}
     return error_response(
         422,
@@ -123,6 +131,9 @@ async def on_http_error(_request: Request, exc: Exception) -> JsonResponse:
     code = _HTTP_CODES.get(
         exc.status_code, "INTERNAL" if exc.status_code >= 500 else "INVALID_PARAMS"
     )
+    details: dict[str, Any] = {}
+    if exc.status_code == 400:  # a body FastAPI could not parse (nested past the parser...)
+        details = {"errors": [{"field": "body", "message": str(exc.detail)}]}
     return error_response(
         exc.status_code,
         {
@@ -130,7 +141,7 @@ async def on_http_error(_request: Request, exc: Exception) -> JsonResponse:
             "message": str(exc.detail),
             "retriable": False,
             "retry_after_ms": None,
-            "details": {},
+            "details": details,
         },
         headers=dict(exc.headers) if exc.headers else None,
     )

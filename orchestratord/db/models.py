@@ -154,7 +154,7 @@ class Event(Base):
     run_id: Mapped[str] = mapped_column(sa.String(40))
     run_seq: Mapped[int] = mapped_column(sa.BigInteger)
     step_id: Mapped[str | None] = mapped_column(sa.String(40))
-    seq: Mapped[int | None] = mapped_column(sa.Integer)
+    seq: Mapped[int | None] = mapped_column(sa.BigInteger)  # as wide as the cursors clients send
     type: Mapped[str] = mapped_column(sa.String(24))
     data: Mapped[str] = mapped_column(sa.Text)
     # How many consecutive events the row holds (token events coalesced by the writer:

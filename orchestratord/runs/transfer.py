@@ -20,6 +20,7 @@ from pydantic import ValidationError
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from contracts.common import Budgets
 from contracts.flows import FlowCreate
 from contracts.steps import StepType
 from contracts.transfer import BUNDLE_FORMAT, RunBundle
@@ -271,6 +272,17 @@ def _check_flow(flow: Row) -> None:
         raise InvalidParams("is not the id of the flow's content", field="flow.flow_id")
 
 
+def _check_budgets(value: Any, field: str) -> None:
+    """Budgets past the API's bounds are refused here too: a run holding them takes no step."""
+    try:
+        Budgets.model_validate(value)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise InvalidParams(
+            first["msg"], field=".".join([field, *(str(p) for p in first["loc"])])
+        ) from None
+
+
 def _check_owner(rows: Sequence[Row], name: str, run_id: str) -> None:
     for i, row in enumerate(rows):
         if row["run_id"] != run_id:
@@ -390,6 +402,7 @@ def _validate(bundle: RunBundle) -> _Decoded:
     flow = _decode(_FLOWS, bundle.flow, "flow")
     _check_flow(flow)
     run = _decode(_RUNS, bundle.run, "run")
+    _check_budgets(run["budgets"], "run.budgets")
     if run["flow_id"] != flow["flow_id"]:
         raise InvalidParams("is not the bundle's flow", field="run.flow_id")
     _check_choice(run["mode"], ("record", "replay", "strict_replay"), "run.mode")

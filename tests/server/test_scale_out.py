@@ -291,7 +291,13 @@ async def test_sigterm_drains_ends_streams_and_they_resume_elsewhere(
     fresh_db: str, tmp_path: Path
 ) -> None:
     fake = FakeState()
-    async with fleet_on(fresh_db, tmp_path, fake, ORCHESTRATORD_DISPATCH__DRAIN_S="1") as (
+    async with fleet_on(
+        fresh_db,
+        tmp_path,
+        fake,
+        ORCHESTRATORD_DISPATCH__DRAIN_S="1",
+        ORCHESTRATORD_STREAM__MAX_FOLLOWERS_PER_STEP="2000",  # 1,000 streams of one step
+    ) as (
         fleet,
         conn,
     ):
