@@ -27,8 +27,8 @@ from orchestrator_core import clock
 from orchestrator_core.event_order import EventType
 from orchestrator_core.lifecycle import StepStatus
 from orchestrator_core.pricing import Price
-from orchestratord.db.models import Event, Run, Step
-from orchestratord.eventlog import log_event
+from orchestratord.db.models import Run, Step
+from orchestratord.eventlog import log_event, read_all_step_events
 from orchestratord.steps.kinds import kind_of
 from orchestratord.steps.transition import end_interrupted, transition
 from orchestratord.tx import Tx
@@ -175,35 +175,29 @@ async def running_steps(session: AsyncSession) -> list[Step]:
 async def reap(tx: Tx, step: Step, terms: LeaseTerms, price_of: PriceOf) -> bool:
     """Take back a running step whose process is gone. True: it was queued again."""
     session = tx.session
-    last, tokens = (
-        await session.execute(
-            sa.select(
-                sa.func.max(Event.seq + Event.span - 1),
-                sa.func.coalesce(
-                    sa.func.sum(Event.span).filter(Event.type == EventType.TOKEN.value), 0
-                ),
-            ).where(Event.step_id == step.step_id)
-        )
-    ).one()
+    logged = await read_all_step_events(session, step.step_id)  # its end keeps them too
+    streamed = any(ev.type == EventType.TOKEN.value for ev in logged)
+    rerunnable = kind_of(step.type).rerunnable
     held_by = step.lease_owner or "a process before leases"
     attempts = step.attempts or 1
-    if tokens == 0 and kind_of(step.type).rerunnable and attempts < terms.max_attempts:
+    if not streamed and rerunnable and attempts < terms.max_attempts:
         transition(step, StepStatus.QUEUED)
         if step.replay_of is None:
             step.replica_id = None  # placed afresh; a replay stays on its replica
-        if last is not None:  # its log goes on where the lost execution left it
+        if logged:  # its log goes on where the lost execution left it
             text = (
                 f"the process running this step ({held_by}) was lost before it streamed "
                 f"anything; queued again for execution {attempts + 1} of {terms.max_attempts}"
             )
-            event = log_event(step.run_id, step.step_id, last + 1, NarrationEvent(text=text))
+            seq = (logged[-1].seq or 0) + 1
+            event = log_event(step.run_id, step.step_id, seq, NarrationEvent(text=text))
             await tx.append_events([event])
         return True
     why = (
         "it had streamed tokens"
-        if tokens
+        if streamed
         else "its kind does not run twice"
-        if not kind_of(step.type).rerunnable
+        if not rerunnable
         else f"it had run {attempts} times"
     )
     run = await session.get(Run, step.run_id)
@@ -213,5 +207,6 @@ async def reap(tx: Tx, step: Step, terms: LeaseTerms, price_of: PriceOf) -> bool
         code=WORKER_LOST,
         message=f"the process running this step ({held_by}) was lost; {why}",
         price=price_of(step, run) if run is not None else None,
+        logged=logged,
     )
     return False

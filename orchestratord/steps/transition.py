@@ -174,6 +174,7 @@ async def end_interrupted(
     message: str,
     code: str = "INTERNAL",
     price: Price | None = None,
+    logged: list[LogEvent] | None = None,
 ) -> None:
     """End a running step whose execution is gone: an ``error`` event after what its log
     holds (``started`` first if it has nothing).
@@ -182,7 +183,8 @@ async def end_interrupted(
     charged what it used: its prompt once the engine had it (its ``started``), its committed
     tokens, at ``price`` when known."""
     session = tx.session
-    logged = await read_all_step_events(session, step.step_id)
+    if logged is None:  # the step's events, unless the caller has read them
+        logged = await read_all_step_events(session, step.step_id)
     tokens = [orjson.loads(ev.data) for ev in logged if ev.type == EventType.TOKEN.value]
     events = []
     if not logged:

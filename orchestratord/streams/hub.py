@@ -147,7 +147,7 @@ class Hub:
         return self._unsubscribe(self._runs, run_id)
 
     def open_streams(self) -> int:
-        return sum(c.refs for c in self._steps.values()) + sum(c.refs for c in self._runs.values())
+        return sum(self.subscribers().values())
 
     def subscribers(self) -> dict[str, int]:
         """Open streams by what they follow."""
