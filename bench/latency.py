@@ -390,19 +390,24 @@ def report(out: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def add_workload_args(ap: argparse.ArgumentParser, *, idle_probes: int) -> None:
+    """The database and the size of each row's workload (shared with bench/ab.py)."""
     ap.add_argument("--pg", action="store_true")
     ap.add_argument("--pg-url", default="postgresql://postgres@127.0.0.1:5432/postgres")
-    ap.add_argument("--quick", action="store_true", help="smaller rounds, one repeat, no idle row")
-    ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--idle-probes", type=int, default=30)
+    ap.add_argument("--idle-probes", type=int, default=idle_probes)
     ap.add_argument("--streams", type=int, default=50)
     ap.add_argument("--loaded-tokens", type=int, default=200)
     ap.add_argument("--relay-streams", type=int, default=20)
     ap.add_argument("--relay-tokens", type=int, default=1000)
     ap.add_argument("--step-clients", type=int, default=16)
     ap.add_argument("--steps-per-client", type=int, default=25)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_workload_args(ap, idle_probes=30)
+    ap.add_argument("--quick", action="store_true", help="smaller rounds, one repeat, no idle row")
+    ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--idle-streams", type=int, default=10000)
     ap.add_argument("--idle-timeout-s", type=float, default=300.0)
     ap.add_argument("--sim-only", action="store_true", help="only the sim and idle rows")

@@ -25,7 +25,14 @@ request sent to last stream closed). TTFT = first ``token`` frame received - req
 CPU per token comes from /proc (server process) and ``time.process_time`` (client); "other
 CPU" is what the rest of the machine burnt during a round (database server, other jobs).
 
-Usage: ``.venv/bin/python bench/relay.py [--streams 50] [--tokens 2000] [--repeat 3] [--pg]``
+``--tracing on`` runs orchestratord with OpenTelemetry tracing exported to an OTLP/HTTP
+receiver in this process (``OtlpSink``: decodes and counts the spans); ``--tracing both``
+runs two servers side by side, off and on, which take turns round by round (and probe by
+probe), so that both see the same drift of a shared machine. ``--only-orchestratord``
+skips the direct and bare relay scenarios.
+
+Usage: ``.venv/bin/python bench/relay.py [--streams 50] [--tokens 2000] [--repeat 3] [--pg]
+[--tracing off|on|both] [--only-orchestratord]``
 Writes ``bench/results/relay.json`` and prints a markdown table.
 """
 
@@ -45,10 +52,12 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import asdict, dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -116,6 +125,7 @@ class Scenario:
     rounds: list[Round] = field(default_factory=list)
     idle_ttft_ms: list[float] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    spans_exported: int | None = None  # tracing on: spans the OTLP receiver got
 
     def median(self, attr: str) -> float | None:
         values = [getattr(r, attr) for r in self.rounds if getattr(r, attr) is not None]
@@ -134,6 +144,7 @@ class Scenario:
             "server_cpu_us_per_token": None
             if server is None or not tokens
             else server / tokens * 1e6,
+            "server_cpu_ms_per_step": None if server is None else server / streams * 1e3,
             "client_cpu_us_per_token": None
             if client is None or not tokens
             else client / tokens * 1e6,
@@ -333,6 +344,51 @@ class Server:
             await asyncio.to_thread(proc.wait, 5)
 
 
+class OtlpSink:
+    """An OTLP/HTTP traces endpoint in this process (its own thread): answers every export
+    and counts the spans (decoded when the OpenTelemetry protos are installed)."""
+
+    def __init__(self) -> None:
+        self.spans = 0
+        self.requests = 0
+        sink = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                sink.keep(body)
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1/traces"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def keep(self, body: bytes) -> None:
+        self.requests += 1
+        try:
+            from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+                ExportTraceServiceRequest,
+            )
+        except ImportError:
+            return
+        request = ExportTraceServiceRequest()
+        request.ParseFromString(body)
+        self.spans += sum(
+            len(scope.spans) for res in request.resource_spans for scope in res.scope_spans
+        )
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
 def server_env(extra: dict[str, str]) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("ORCHESTRATORD_")}
     env["PYTHONPATH"] = str(ROOT) + (
@@ -464,123 +520,157 @@ async def bench_bare(args: argparse.Namespace, flush: int, workdir: Path) -> Sce
     return sc
 
 
-async def bench_orchestratord(
-    args: argparse.Namespace, name: str, database_url: str, workdir: Path
-) -> Scenario:
-    sc = Scenario(name=name, kind="orchestratord")
-    port = free_port()
-    env = server_env(
-        {
-            "ORCHESTRATORD_SIM__TOKENS_PER_S": "0",
-            "ORCHESTRATORD_SIM__EOS_PROBABILITY": "0",
-            "ORCHESTRATORD_SIM__SLOTS": str(max(64, args.streams)),
-            "ORCHESTRATORD_LOG_LEVEL": args.server_log_level,
-        }
-    )
-    exe = VENV_BIN / "orchestratord"
-    argv = [str(exe)] if exe.exists() else [sys.executable, "-m", "orchestratord.cli"]
-    argv += [
-        "serve",
-        "--engine",
-        "sim",
-        "--database-url",
-        database_url,
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-    ]
-    slug = name.replace(" ", "_").replace("(", "").replace(")", "")
-    server = Server(name, argv, env, port, workdir / f"{slug}.log")
+class OrchestratordBench:
+    """One orchestratord server and its clients, measured round by round, so that two
+    servers (tracing off and on) can take turns and share the machine's drift."""
+
+    def __init__(
+        self,
+        args: argparse.Namespace,
+        name: str,
+        database_url: str,
+        workdir: Path,
+        *,
+        sink: OtlpSink | None = None,
+    ) -> None:
+        self.args = args
+        self.sc = Scenario(name=name, kind="orchestratord")
+        self.sink = sink
+        self.spans_before = sink.spans if sink else 0
+        port = free_port()
+        env = server_env(
+            {
+                "ORCHESTRATORD_SIM__TOKENS_PER_S": "0",
+                "ORCHESTRATORD_SIM__EOS_PROBABILITY": "0",
+                "ORCHESTRATORD_SIM__SLOTS": str(max(64, args.streams)),
+                "ORCHESTRATORD_LOG_LEVEL": args.server_log_level,
+                **({"ORCHESTRATORD_TRACING__OTLP_ENDPOINT": sink.url} if sink else {}),
+            }
+        )
+        exe = VENV_BIN / "orchestratord"
+        argv = [str(exe)] if exe.exists() else [sys.executable, "-m", "orchestratord.cli"]
+        argv += [
+            "serve",
+            "--engine",
+            "sim",
+            "--database-url",
+            database_url,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ]
+        slug = name.replace(" ", "_").replace("(", "").replace(")", "").replace(",", "")
+        self.server = Server(name, argv, env, port, workdir / f"{slug}.log")
+        self.clients: Clients | None = None
+        self.flow_id = ""
+        self.probe_run = ""
+
+    async def guarded(self, phase: Coroutine[Any, Any, None]) -> None:
+        """Run one phase; a failure is recorded and ends this scenario's measurements."""
+        if self.sc.errors:
+            phase.close()
+            return
+        try:
+            await phase
+        except Exception as exc:
+            self.sc.errors.append(f"{type(exc).__name__}: {exc}")
+            print(f"  {self.sc.name} FAILED: {exc}\n{self.server.log_tail()}", flush=True)
+
+    async def start(self) -> None:
+        await self.server.start()
+        self.clients = make_client(self.args.streams, self.args.round_timeout)
+        r = await self.clients.control.post(
+            f"{self.server.base_url}/v1/flows", json={"ast": {"v": 1, "bench": "relay"}}
+        )
+        r.raise_for_status()
+        self.flow_id = r.json()["flow_id"]
+
+    async def new_run(self, seed: int) -> str:
+        assert self.clients is not None
+        r = await self.clients.control.post(
+            f"{self.server.base_url}/v1/flows/{self.flow_id}/runs", json={"seed": seed}
+        )
+        r.raise_for_status()
+        run_id: str = r.json()["run_id"]
+        return run_id
+
+    async def step(self, i: int, run_id: str, tokens: int, tag: str) -> StreamResult:
+        """POST a step, follow its stream to the end; TTFT from the POST."""
+        assert self.clients is not None
+        base, client = self.server.base_url, self.clients[i]
+        t0 = time.perf_counter()
+        resp = await client.post(
+            f"{base}/v1/runs/{run_id}/steps",
+            json={
+                "type": "llm_call",
+                "client_token": f"{tag}-{i}-{uuid.uuid4().hex}",
+                "input": {"prompt": f"bench stream {i}", "params": {"max_tokens": tokens}},
+            },
+        )
+        if resp.status_code not in (200, 202):
+            raise RuntimeError(f"step POST: {resp.status_code} {resp.text[:200]}")
+        step_id = resp.json()["step_id"]
+        return await consume_sse(client, f"{base}/v1/steps/{step_id}/stream", t0)
+
+    async def round(self, tokens: int, tag: str, *, keep: bool = True) -> None:
+        args = self.args
+        # Runs are created before the clock starts: one per stream, or one shared.
+        if args.shared_run:
+            run_ids = [await self.new_run(1)] * args.streams
+        else:
+            run_ids = [await self.new_run(i + 1) for i in range(args.streams)]
+
+        async def one(i: int) -> StreamResult:
+            return await self.step(i, run_ids[i], tokens, tag)
+
+        measured = await timed_round(self.server, args.streams, tokens, one, args.round_timeout)
+        if keep:
+            self.sc.rounds.append(measured)
+            n = len(self.sc.rounds)
+            print(f"  {self.sc.name} round {n}: {fmt_round(measured)}", flush=True)
+
+    async def start_probes(self) -> None:
+        self.probe_run = await self.new_run(99)
+
+    async def idle_probe(self) -> None:
+        """One stream on an otherwise idle server."""
+        res = await asyncio.wait_for(
+            self.step(0, self.probe_run, IDLE_PROBE_TOKENS, "idle"), self.args.round_timeout
+        )
+        if res.ttft_s is not None:
+            self.sc.idle_ttft_ms.append(res.ttft_s * 1000)
+
+    async def stop(self) -> Scenario:
+        if self.clients is not None:
+            await self.clients.__aexit__()
+        await self.server.stop()  # SIGINT: a traced server exports its last spans first
+        if self.sink is not None:
+            self.sc.spans_exported = self.sink.spans - self.spans_before
+            print(f"  {self.sc.name}: {self.sc.spans_exported} spans exported", flush=True)
+        return self.sc
+
+
+async def bench_orchestratord(benches: list[OrchestratordBench]) -> list[Scenario]:
+    """Each server started and warmed up; then every measured round, and every idle probe,
+    taken by each server in turn."""
+    args = benches[0].args
     try:
-        await server.start()
-        async with make_client(args.streams, args.round_timeout) as clients:
-            base = server.base_url
-            r = await clients.control.post(
-                f"{base}/v1/flows", json={"ast": {"v": 1, "bench": "relay"}}
-            )
-            r.raise_for_status()
-            flow_id = r.json()["flow_id"]
-
-            async def new_run(seed: int) -> str:
-                r = await clients.control.post(
-                    f"{base}/v1/flows/{flow_id}/runs", json={"seed": seed}
-                )
-                r.raise_for_status()
-                run_id: str = r.json()["run_id"]
-                return run_id
-
-            async def prepared(tokens: int, tag: str) -> StartOne:
-                # Runs are created before the clock starts: one per stream, or one shared.
-                if args.shared_run:
-                    shared = await new_run(1)
-                    run_ids = [shared] * args.streams
-                else:
-                    run_ids = [await new_run(i + 1) for i in range(args.streams)]
-
-                async def one(i: int) -> StreamResult:
-                    run_id = run_ids[i % len(run_ids)]
-                    t0 = time.perf_counter()
-                    resp = await clients[i].post(
-                        f"{base}/v1/runs/{run_id}/steps",
-                        json={
-                            "type": "llm_call",
-                            "client_token": f"{tag}-{i}-{uuid.uuid4().hex}",
-                            "input": {
-                                "prompt": f"bench stream {i}",
-                                "params": {"max_tokens": tokens},
-                            },
-                        },
-                    )
-                    if resp.status_code not in (200, 202):
-                        raise RuntimeError(f"step POST: {resp.status_code} {resp.text[:200]}")
-                    step_id = resp.json()["step_id"]
-                    return await consume_sse(clients[i], f"{base}/v1/steps/{step_id}/stream", t0)
-
-                return one
-
-            await timed_round(
-                server,
-                args.streams,
-                args.warmup_tokens,
-                await prepared(args.warmup_tokens, "warm"),
-                args.round_timeout,
-            )
-            for r_i in range(args.repeat):
-                start_one = await prepared(args.tokens, f"r{r_i}")
-                sc.rounds.append(
-                    await timed_round(
-                        server, args.streams, args.tokens, start_one, args.round_timeout
-                    )
-                )
-                print(f"  {sc.name} round {r_i + 1}: {fmt_round(sc.rounds[-1])}", flush=True)
-            run_id = await new_run(99)
-            for i in range(IDLE_PROBES):
-                t0 = time.perf_counter()
-                resp = await clients[0].post(
-                    f"{base}/v1/runs/{run_id}/steps",
-                    json={
-                        "type": "llm_call",
-                        "client_token": f"idle-{i}-{uuid.uuid4().hex}",
-                        "input": {
-                            "prompt": f"bench stream {i}",
-                            "params": {"max_tokens": IDLE_PROBE_TOKENS},
-                        },
-                    },
-                )
-                resp.raise_for_status()
-                res = await asyncio.wait_for(
-                    consume_sse(clients[0], f"{base}/v1/steps/{resp.json()['step_id']}/stream", t0),
-                    args.round_timeout,
-                )
-                if res.ttft_s is not None:
-                    sc.idle_ttft_ms.append(res.ttft_s * 1000)
-    except Exception as exc:
-        sc.errors.append(f"{type(exc).__name__}: {exc}")
-        print(f"  {sc.name} FAILED: {exc}\n{server.log_tail()}", flush=True)
+        for b in benches:
+            await b.guarded(b.start())
+        for b in benches:
+            await b.guarded(b.round(args.warmup_tokens, "warm", keep=False))
+        for r_i in range(args.repeat):
+            for b in benches:
+                await b.guarded(b.round(args.tokens, f"r{r_i}"))
+        for b in benches:
+            await b.guarded(b.start_probes())
+        for _ in range(IDLE_PROBES):
+            for b in benches:
+                await b.guarded(b.idle_probe())
     finally:
-        await server.stop()
-    return sc
+        scenarios = [await b.stop() for b in benches]
+    return scenarios
 
 
 async def bench_direct(args: argparse.Namespace) -> Scenario:
@@ -643,9 +733,9 @@ def markdown_table(summaries: dict[str, dict[str, Any]], direct_name: str) -> st
     direct = summaries.get(direct_name, {}).get("delivered_tok_s")
     lines = [
         "| scenario | delivered tok/s | % of direct | TTFT p50 ms | TTFT p95 ms "
-        "| idle TTFT p50 ms | server CPU µs/token | client CPU µs/token | other CPU s "
-        "| complete |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|:---:|",
+        "| idle TTFT p50 ms | server CPU µs/token | server CPU ms/step | client CPU µs/token "
+        "| other CPU s | complete |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|",
     ]
     for name, s in summaries.items():
         pct = (
@@ -658,6 +748,7 @@ def markdown_table(summaries: dict[str, dict[str, Any]], direct_name: str) -> st
             f"| {_num(s['ttft_p50_ms'], '.2f')} | {_num(s['ttft_p95_ms'], '.2f')} "
             f"| {_num(s['idle_ttft_p50_ms'], '.2f')} "
             f"| {_num(s['server_cpu_us_per_token'], '.1f')} "
+            f"| {_num(s['server_cpu_ms_per_step'], '.2f')} "
             f"| {_num(s['client_cpu_us_per_token'], '.1f')} "
             f"| {_num(s['other_cpu_s'], '.2f')} "
             f"| {'yes' if s['all_streams_complete'] else 'NO'} |"
@@ -774,33 +865,53 @@ def versions() -> dict[str, str]:
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     workdir = Path(tempfile.mkdtemp(prefix="relay-bench-"))
     scenarios: list[Scenario] = []
+    tracing = {"off": [False], "on": [True], "both": [False, True]}[args.tracing]
+    sink = OtlpSink() if True in tracing else None
     try:
-        print(f"direct: {args.streams} streams x {args.tokens} tokens", flush=True)
-        scenarios.append(await bench_direct(args))
-        print("bare relay", flush=True)
-        scenarios.append(await bench_bare(args, 16, workdir))
-        if args.per_frame:
-            scenarios.append(await bench_bare(args, 1, workdir))
-        print("orchestratord (SQLite)", flush=True)
-        db_path = workdir / "orchestratord.db"
-        scenarios.append(
-            await bench_orchestratord(
-                args, "orchestratord (SQLite)", f"sqlite:///{db_path}", workdir
+        if not args.only_orchestratord:
+            print(f"direct: {args.streams} streams x {args.tokens} tokens", flush=True)
+            scenarios.append(await bench_direct(args))
+            print("bare relay", flush=True)
+            scenarios.append(await bench_bare(args, 16, workdir))
+            if args.per_frame:
+                scenarios.append(await bench_bare(args, 1, workdir))
+        sqlite = [
+            OrchestratordBench(
+                args,
+                f"orchestratord (SQLite{', tracing on' if traced else ''})",
+                f"sqlite:///{workdir}/orchestratord{'-traced' if traced else ''}.db",
+                workdir,
+                sink=sink if traced else None,
             )
-        )
+            for traced in tracing
+        ]
+        print(", ".join(b.sc.name for b in sqlite), flush=True)
+        scenarios += await bench_orchestratord(sqlite)
         if args.pg:
-            print("orchestratord (PostgreSQL)", flush=True)
+            names = [f"orchestratord (PostgreSQL{', tracing on' if t else ''})" for t in tracing]
+            print(", ".join(names), flush=True)
             try:
-                async with PgDatabase(args.pg_admin_url) as url:
-                    scenarios.append(
-                        await bench_orchestratord(args, "orchestratord (PostgreSQL)", url, workdir)
-                    )
+                async with contextlib.AsyncExitStack() as stack:
+                    pg = [
+                        OrchestratordBench(
+                            args,
+                            name,
+                            await stack.enter_async_context(PgDatabase(args.pg_admin_url)),
+                            workdir,
+                            sink=sink if traced else None,
+                        )
+                        for name, traced in zip(names, tracing, strict=True)
+                    ]
+                    scenarios += await bench_orchestratord(pg)
             except Exception as exc:
-                sc = Scenario(name="orchestratord (PostgreSQL)", kind="orchestratord")
-                sc.errors.append(f"{type(exc).__name__}: {exc}")
-                scenarios.append(sc)
-                print(f"  PostgreSQL scenario failed: {exc}", flush=True)
+                for name in names:
+                    sc = Scenario(name=name, kind="orchestratord")
+                    sc.errors.append(f"{type(exc).__name__}: {exc}")
+                    scenarios.append(sc)
+                print(f"  PostgreSQL scenarios failed: {exc}", flush=True)
     finally:
+        if sink is not None:
+            sink.close()
         if args.keep_logs:
             print(f"server logs kept in {workdir}")
         else:
@@ -836,6 +947,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                 "name": sc.name,
                 "kind": sc.kind,
                 "errors": sc.errors,
+                "spans_exported": sc.spans_exported,
                 "idle_ttft_ms": sc.idle_ttft_ms,
                 "rounds": [asdict(r) for r in sc.rounds],
             }
@@ -912,6 +1024,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=float,
         default=300.0,
         help="seconds one round may take before it is abandoned",
+    )
+    p.add_argument(
+        "--tracing",
+        choices=("off", "on", "both"),
+        default="off",
+        help="orchestratord with OpenTelemetry tracing to a local OTLP receiver: off (default), "
+        "on, or both (each orchestratord scenario off, then on)",
+    )
+    p.add_argument(
+        "--only-orchestratord",
+        action="store_true",
+        help="skip the direct and bare relay scenarios",
     )
     p.add_argument("--keep-logs", action="store_true", help="keep the servers' logs")
     p.add_argument("--note", default="", help="free text stored in the JSON (e.g. the commit)")

@@ -28,10 +28,17 @@ class Provenance(BaseModel):
     replica_id: str | None
     tokens_in: int
     tokens_out: int
-    cost_usd: float
+    cost_usd: float | None = Field(
+        description="USD at the step's price; null when its model has no price (not tracked)"
+    )
     decode_time_ms: float
     policy_hash: str | None = None
     price_table: str | None = None
+    price: dict[str, Any] | None = Field(
+        default=None,
+        description="engine kinds: the price the step ran at, {source: pool|table|unpriced, "
+        "...rates as written in pools.yaml or the price table}",
+    )
     model: str | None = Field(default=None, description="the model name the engine served")
     tool: str | None = Field(default=None, description="tool_call: the tool called")
     target: str | None = Field(default=None, description="tool_call: the endpoint called")

@@ -60,6 +60,11 @@ class PoolOut(Out):
     engine: str
     tags: dict[str, str]
     capabilities: dict[str, Any]
+    price: dict[str, Any] | None = Field(
+        default=None,
+        description="the pool's own price from pools.yaml, as written there (it wins over the "
+        "price table); null: its steps are priced by the run's price table",
+    )
     health: str
     load: dict[str, int]
     replicas: list[ReplicaOut]

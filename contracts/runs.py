@@ -55,7 +55,19 @@ class RunCreate(Strict):
 class Usage(Out):
     tokens_in: int = 0
     tokens_out: int = 0
-    cost_usd: float = 0.0
+    cost_usd: float | None = Field(
+        default=0.0, description="USD; null when not known (a step on a model without a price)"
+    )
+
+
+class RunUsage(Usage):
+    """What a run's settled steps used. A step on a model without a price has no known cost,
+    so neither has the run once it holds one: ``cost_usd`` is then null, and what is known is
+    ``priced_cost_usd`` (the sum over priced steps, what a cost budget counts) and
+    ``unpriced_steps``."""
+
+    priced_cost_usd: float = Field(default=0.0, description="USD of the steps that had a price")
+    unpriced_steps: int = Field(default=0, description="steps whose model had no price")
 
 
 class RunOut(Out):
@@ -66,7 +78,7 @@ class RunOut(Out):
     source_run_id: str | None
     status: str
     budgets: dict[str, Any]
-    usage: Usage
+    usage: RunUsage
     reserved: Usage = Field(description="held by steps that have not settled yet")
     price_table: str = Field(description="price table version pinned at creation")
     policy_hash: str

@@ -4,6 +4,10 @@ Rows travel as JSON objects of their table's columns, named as in the table; tim
 RFC 3339 strings. An event row keeps ``data``, the JSON text that was streamed, byte for
 byte. Autoincrement surrogate keys (``events.id``, ``facts.id``) do not travel: the order of
 ``events`` (by ``run_seq``) and ``facts`` (append order) carries what they meant.
+
+An import refuses (422, naming the field, the step and the event seq) a bundle whose parts
+disagree: outputs that are not their tokens, hashes that are not their inputs', events that
+are not the rows they name, seqs out of order (``orchestratord/runs/transfer_checks.py``).
 """
 
 from __future__ import annotations

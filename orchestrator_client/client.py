@@ -160,14 +160,18 @@ class Client:
         max_reconnects: int = 5,
         reconnect_delay_s: float = 0.5,
         transport: httpx.BaseTransport | None = None,
+        api_key: str | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.max_reconnects = max_reconnects
         self.reconnect_delay_s = reconnect_delay_s
+        headers = {"User-Agent": f"orchctl/{__version__}"}
+        if api_key:
+            headers["Authorization"] = f"Bearer {api_key}"
         self._http = httpx.Client(
             base_url=self.base_url,
             timeout=httpx.Timeout(timeout),
-            headers={"User-Agent": f"orchctl/{__version__}"},
+            headers=headers,
             transport=transport,
         )
 

@@ -8,6 +8,8 @@ Exit status: 0 the replay is complete and identical; 1 it diverged, missed a rec
 a step failed or was not replayed; 2 the replay could not start (the server refused the run:
 the reason and each mismatch are printed), the server answered an error, or it could not be
 reached. Errors go to stderr with the server's code and message.
+
+A server with API keys: set ORCHCTL_API_KEY (replays need a write key, import an admin key).
 """
 
 from __future__ import annotations
@@ -388,7 +390,8 @@ def main(
     url: str = getattr(args, "url", None) or os.environ.get("ORCHCTL_URL") or DEFAULT_URL
     timeout: float = getattr(args, "timeout", 30.0)
     try:
-        with Client(url, timeout=timeout) as client:
+        api_key = os.environ.get("ORCHCTL_API_KEY") or None  # never a flag: argv is public
+        with Client(url, timeout=timeout, api_key=api_key) as client:
             result: int = args.func(client, args, io)
     except KeyboardInterrupt:
         io.err.write("orchctl: interrupted\n")

@@ -9,9 +9,11 @@ every admitted step holds its worst case until it settles, concurrent steps cann
   its UTF-8 byte length (an upper bound for byte-level tokenizers).
 - ``max_tokens_out``: ``max_tokens`` is clamped to what is left; a step left with nothing is
   refused. A clamped step that reaches its clamp ends with ``stop_reason: "budget"``.
-- ``max_cost_usd``: the worst-case cost at the run's price table; for token prices,
-  ``max_tokens`` is clamped further so the worst case fits. Per-second prices reserve what is
-  left and stop the step when its decode time has used it.
+- ``max_cost_usd``: the worst-case cost at the step's price (its pool's own, else the run's
+  price table); for token prices, ``max_tokens`` is clamped further so the worst case fits.
+  Per-second prices reserve what is left and stop the step when its decode time has used it.
+  A model without a price is refused under a cost budget (:func:`require_price`); without
+  one it runs, reserves no cost, and settles a cost of ``None`` that the run counts apart.
 - ``max_wall_ms``: a run's wall clock starts at its creation; a step's at its start. A step
   is stopped (``budget``) at the earlier deadline; no step starts after the run's.
 """
@@ -23,7 +25,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from orchestrator_core.errors import OrchestratorError
-from orchestrator_core.pricing import Price
+from orchestrator_core.pricing import Price, Unpriced
 
 
 class BudgetExceeded(OrchestratorError):
@@ -115,6 +117,15 @@ class Reservation:
         }
 
 
+def require_price(
+    price: Price, *, run: Limits, step: Limits, engine: str, model: str, price_table: str
+) -> None:
+    """A cost budget needs a price: an unpriced model is refused (``PRICE_UNKNOWN``) when the
+    run or the step has ``max_cost_usd``, and may run untracked otherwise."""
+    if not price.priced and (run.max_cost_usd is not None or step.max_cost_usd is not None):
+        raise Unpriced(engine, model, price_table)
+
+
 def plan(
     *,
     run: Limits,
@@ -158,6 +169,8 @@ def plan(
         raise refuse("max_tokens_out", scope, 1, out)
     cost_caps = [c for c in (step.max_cost_usd, left.cost_usd) if c is not None]
     cost_cap = min(cost_caps) if cost_caps else None
+    if cost_cap is not None and not price.priced:
+        raise ValueError("an unpriced model under a cost budget: require_price refuses it")
     decode_seconds: float | None = None
     if price.kind == "tokens" and cost_cap is not None:
         in_cost = price.cost(tokens_in, 0, 0.0)

@@ -93,6 +93,10 @@ def now() -> datetime:
     return clock.now()
 
 
+def monotonic() -> float:
+    return clock.monotonic()
+
+
 def new_id(prefix: str) -> str:
     return ids.new(prefix)
 

@@ -12,6 +12,9 @@ OrchestratorError            code, message, retriable, details
 ├── ToolError                502 TOOL_ERROR       (a tool failed: a step error)
 ├── CircuitOpen              503 CIRCUIT_OPEN     (a breaker is open: retriable)
 ├── LimitExceeded            429 LIMIT_EXCEEDED   (a configured limit, named: retriable)
+│   └── TooLarge             413 LIMIT_EXCEEDED   (a size limit: the same request never fits)
+├── Unauthenticated          401 UNAUTHENTICATED  (no key, or not a valid one)
+├── Forbidden                403 FORBIDDEN        (the key's scope is too low)
 └── Cancelled                    CANCELLED
 """
 
@@ -133,3 +136,25 @@ class LimitExceeded(OrchestratorError):
         super().__init__(
             message, details={"limit": limit, "value": value}, retry_after_ms=retry_after_ms
         )
+
+
+class TooLarge(LimitExceeded):
+    """A size limit (body, prompt, tools of a flow, a tool's schema): retrying cannot help."""
+
+    retriable = False
+
+    def __init__(self, message: str, *, limit: str, value: int, field: str) -> None:
+        super().__init__(message, limit=limit, value=value, retry_after_ms=0)
+        self.retry_after_ms = None
+        self.details["field"] = field
+
+
+class Unauthenticated(OrchestratorError):
+    code = "UNAUTHENTICATED"
+
+
+class Forbidden(OrchestratorError):
+    code = "FORBIDDEN"
+
+    def __init__(self, message: str, *, required: str, scope: str) -> None:
+        super().__init__(message, details={"required": required, "scope": scope})

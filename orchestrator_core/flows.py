@@ -9,8 +9,8 @@ from typing import Any
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
-from orchestrator_core.canonical import normalize, sha256_of
-from orchestrator_core.errors import InvalidParams
+from orchestrator_core.canonical import canonical_json, normalize, sha256_of
+from orchestrator_core.errors import InvalidParams, TooLarge
 
 
 @dataclass(frozen=True)
@@ -25,16 +25,51 @@ class FlowContent:
         return flow_id_for(self.hash)
 
 
+@dataclass(frozen=True)
+class FlowLimits:
+    """How much a flow may declare (settings ``limits.*``)."""
+
+    max_tools: int = 128
+    max_tool_schema_bytes: int = 65536
+
+    def check(self, tools: list[dict[str, Any]]) -> None:
+        if len(tools) > self.max_tools:
+            raise TooLarge(
+                f"a flow declares at most {self.max_tools} tools, not {len(tools)}",
+                limit="limits.max_tools_per_flow",
+                value=self.max_tools,
+                field="tools",
+            )
+        for i, tool in enumerate(tools):
+            size = len(canonical_json(tool.get("parameters")))
+            if size > self.max_tool_schema_bytes:
+                raise TooLarge(
+                    f"a tool's parameters schema is at most {self.max_tool_schema_bytes} bytes "
+                    f"of canonical JSON, not {size}",
+                    limit="limits.max_tool_schema_bytes",
+                    value=self.max_tool_schema_bytes,
+                    field=f"tools[{i}].parameters",
+                )
+
+
 def flow_id_for(content_hash: str) -> str:
     return "flow_" + content_hash.removeprefix("sha256:")
 
 
-def normalize_flow(*, ast: Any, tools: list[dict[str, Any]], config: dict[str, Any]) -> FlowContent:
+def normalize_flow(
+    *,
+    ast: Any,
+    tools: list[dict[str, Any]],
+    config: dict[str, Any],
+    limits: FlowLimits | None = None,
+) -> FlowContent:
     """Validate tool schemas, order tools by name, and hash the canonical content.
 
     Tool order is not material (tools are looked up by name), so ``[a, b]`` and ``[b, a]``
     are the same flow.
     """
+    if limits is not None:
+        limits.check(tools)
     seen: set[str] = set()
     for i, tool in enumerate(tools):
         name = unicodedata.normalize("NFC", tool["name"])

@@ -45,6 +45,8 @@ class FsTarget:
 
 
 def _bad_name(name: str) -> str | None:
+    if name.startswith(RESERVED_PREFIX):
+        return f"a name starting with {RESERVED_PREFIX} (the broker's temporary files)"
     if "\x00" in name:
         return "a NUL byte"
     if any(unicodedata.category(c) in ("Cc", "Cf", "Cs", "Co", "Cn") for c in name):
@@ -54,6 +56,11 @@ def _bad_name(name: str) -> str | None:
     if len(name.encode("utf-8")) > MAX_NAME_BYTES:
         return f"a name over {MAX_NAME_BYTES} bytes"
     return None
+
+
+# The broker writes a file under a temporary name, then renames it: such names are the
+# broker's alone (never listed, not counted in quotas), so a path may not use them.
+RESERVED_PREFIX = ".~fs-"
 
 
 @dataclass(frozen=True)

@@ -25,9 +25,18 @@ matches the model name wins; order entries from specific to general.
 ``engine`` is the adapter *kind* (``WorkerAdapter.kind``, the pool's ``engine``), not the
 ``engine`` field of the capabilities (the llama adapter reports ``llama.cpp`` there).
 
-A model that no entry matches is refused (:class:`Unpriced`, ``PRICE_UNKNOWN``) when the
-table says ``unpriced: refuse``, or is free when it says ``unpriced: free`` — an explicit
-configuration choice of the table, never a default: ``unpriced`` is required.
+A model that no entry matches is free when the table says ``unpriced: free`` (an explicit
+configuration choice of the table, never a default: ``unpriced`` is required). When it says
+``unpriced: refuse`` the model is *unpriced*: a step with a cost budget (``max_cost_usd`` on
+its run or on itself) is refused (:class:`Unpriced`, ``PRICE_UNKNOWN``), since nothing could
+be reserved against that budget; a step without one runs, and its cost is recorded as
+``None`` (null), never as a silent 0.
+
+A pool may carry its own price (``price:`` in ``pools.yaml``, one of the same pricing forms).
+It wins over the table for every step that pool serves: it is the operator's statement about
+their own engines, more specific than a glob over model names. :func:`resolve_price` applies
+that order: the pool's own price, the table's first matching entry, the table's ``unpriced``
+policy. :meth:`Price.describe` is what a step's provenance records of the price it ran at.
 
 Costs are rounded to the nearest 1e-9 USD (``round(x, 9)``), so equal inputs give equal
 floats and sums of recorded costs do not carry binary noise below a nano-dollar.
@@ -47,20 +56,19 @@ from typing import Any, Literal, cast
 
 from orchestrator_core.errors import InvalidParams, OrchestratorError
 
-PriceKind = Literal["free", "tokens", "decode_seconds"]
+PriceKind = Literal["free", "tokens", "decode_seconds", "unpriced"]
 UnpricedPolicy = Literal["refuse", "free"]
 
 COST_DECIMALS = 9  # costs are rounded to 1e-9 USD
 _VERSION_RE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 _TOP_KEYS = ("version", "unpriced", "entries")
-_ENTRY_KEYS = (
-    "engine",
-    "model",
+PRICE_KEYS = (
     "free",
     "input_per_million_usd",
     "output_per_million_usd",
     "per_decode_second_usd",
 )
+_ENTRY_KEYS = ("engine", "model", *PRICE_KEYS)
 _FORMS = "free: true, input_per_million_usd + output_per_million_usd, or per_decode_second_usd"
 
 
@@ -70,14 +78,15 @@ def round_usd(value: float) -> float:
 
 
 class Unpriced(OrchestratorError):
-    """No entry of the price table covers the engine's model and the table refuses those."""
+    """The engine's model has no price (no pool price, no table entry, and the table does not
+    make such models free) where one is needed: under a cost budget."""
 
     code = "PRICE_UNKNOWN"
 
     def __init__(self, engine: str, model: str, price_table: str) -> None:
         super().__init__(
             f"no price for model {model!r} on engine {engine!r} in price table {price_table}"
-            " (the table refuses unpriced models)",
+            " nor on its pool; a step with a cost budget (max_cost_usd) needs one",
             details={"engine": engine, "model": model, "price_table": price_table},
         )
         self.engine = engine
@@ -104,10 +113,12 @@ def _usage_seconds(value: float, name: str) -> float:
 
 @dataclass(frozen=True)
 class Price:
-    """One price: free, per million tokens in/out, or per second of decode.
+    """One price: free, per million tokens in/out, per second of decode, or none (unpriced:
+    the model runs without a cost budget only, and what it costs is not known).
 
-    ``entry_index`` is the index of the table entry it came from; ``None`` when the table's
-    ``unpriced: free`` policy priced a model that no entry matched.
+    Where it came from: ``pool_id`` is the pool whose own price it is (``pools.yaml``);
+    otherwise ``entry_index`` is the index of the table entry it came from, ``None`` when the
+    table's ``unpriced`` policy decided for a model that no entry matched.
     """
 
     kind: PriceKind
@@ -115,10 +126,13 @@ class Price:
     output_per_million: float = 0.0
     per_second: float = 0.0
     entry_index: int | None = None
+    pool_id: str | None = None
 
     def __post_init__(self) -> None:
-        if self.kind not in ("free", "tokens", "decode_seconds"):
+        if self.kind not in ("free", "tokens", "decode_seconds", "unpriced"):
             raise ValueError(f"unknown price kind {self.kind!r}")
+        if self.kind == "unpriced" and self.pool_id is not None:
+            raise ValueError("a pool's own price is a price, never unpriced")
         rates = {
             "input_per_million": self.input_per_million,
             "output_per_million": self.output_per_million,
@@ -128,6 +142,7 @@ class Price:
             "free": (),
             "tokens": ("input_per_million", "output_per_million"),
             "decode_seconds": ("per_second",),
+            "unpriced": (),
         }[self.kind]
         for name, rate in rates.items():
             if not math.isfinite(rate) or rate < 0:
@@ -135,12 +150,30 @@ class Price:
             if name not in used and rate != 0:
                 raise ValueError(f"a {self.kind} price has no {name}")
 
+    @property
+    def priced(self) -> bool:
+        """Whether what a generation costs is known (free counts as known: 0)."""
+        return self.kind != "unpriced"
+
+    def charge(self, tokens_in: int, tokens_out: int, decode_seconds: float) -> float | None:
+        """What a generation is recorded as costing: :meth:`cost`, or ``None`` when unpriced
+        (the cost is not known, which is not the same as 0)."""
+        if not self.priced:
+            _usage_count(tokens_in, "tokens_in")
+            _usage_count(tokens_out, "tokens_out")
+            _usage_seconds(decode_seconds, "decode_seconds")
+            return None
+        return self.cost(tokens_in, tokens_out, decode_seconds)
+
     def cost(self, tokens_in: int, tokens_out: int, decode_seconds: float) -> float:
         """USD for one generation, rounded to 1e-9. Inputs the price form ignores still must
-        be valid (integers / finite, ``>= 0``)."""
+        be valid (integers / finite, ``>= 0``). An unpriced model has no cost: ``ValueError``
+        (record it with :meth:`charge`)."""
         tokens_in = _usage_count(tokens_in, "tokens_in")
         tokens_out = _usage_count(tokens_out, "tokens_out")
         decode_seconds = _usage_seconds(decode_seconds, "decode_seconds")
+        if not self.priced:
+            raise ValueError("an unpriced model has no cost; charge() records it as None")
         if self.kind == "tokens":
             return round_usd(
                 (tokens_in * self.input_per_million + tokens_out * self.output_per_million)
@@ -155,16 +188,46 @@ class Price:
     ) -> float | None:
         """The most a generation of at most ``tokens_in``/``tokens_out`` tokens and at most
         ``max_seconds`` of decode can cost; ``None`` when unbounded (a per-second price and
-        no time bound)."""
+        no time bound) or unknown (unpriced)."""
         tokens_in = _usage_count(tokens_in, "tokens_in")
         tokens_out = _usage_count(tokens_out, "tokens_out")
         if max_seconds is not None:
             max_seconds = _usage_seconds(max_seconds, "max_seconds")
+        if not self.priced:
+            return None
         if self.kind == "decode_seconds":
             if max_seconds is None:
                 return None
             return round_usd(max_seconds * self.per_second)
         return self.cost(tokens_in, tokens_out, 0.0)
+
+    def rates(self) -> dict[str, Any]:
+        """The price in the form it is written in a table or ``pools.yaml`` (empty when
+        unpriced)."""
+        if self.kind == "free":
+            return {"free": True}
+        if self.kind == "tokens":
+            return {
+                "input_per_million_usd": self.input_per_million,
+                "output_per_million_usd": self.output_per_million,
+            }
+        if self.kind == "decode_seconds":
+            return {"per_decode_second_usd": self.per_second}
+        return {}
+
+    def describe(self) -> dict[str, Any]:
+        """What a step's provenance records of its price: where it came from (``source``:
+        ``pool``, ``table`` or ``unpriced``) and the rates it was charged at. A table price
+        names its entry (``None``: the table's ``unpriced: free`` policy); the version of
+        the table is the provenance's ``price_table``."""
+        if not self.priced:
+            return {"source": "unpriced"}
+        if self.pool_id is not None:
+            return {"source": "pool", "pool_id": self.pool_id, **self.rates()}
+        return {"source": "table", "entry": self.entry_index, **self.rates()}
+
+
+UNPRICED = Price("unpriced")
 
 
 @dataclass(frozen=True)
@@ -202,19 +265,16 @@ def _text(entry: Mapping[str, Any], key: str, path: str) -> str:
     return value
 
 
-def _parse_entry(raw: Any, index: int, engines: Collection[str] | None) -> PriceEntry:
-    path = f"entries[{index}]"
-    if not isinstance(raw, Mapping):
-        raise InvalidParams("must be a mapping", field=path)
-    _unknown_keys(raw, _ENTRY_KEYS, f"{path}.")
-    engine = _text(raw, "engine", path)
-    if engines is not None and engine not in engines:
-        raise InvalidParams(
-            f"unknown engine {engine!r} (known: {', '.join(sorted(engines))})",
-            field=f"{path}.engine",
-        )
-    model = _text(raw, "model", path)
-
+def parse_price(
+    raw: Mapping[str, Any],
+    *,
+    path: str,
+    entry_index: int | None = None,
+    pool_id: str | None = None,
+) -> Price:
+    """The price written in ``raw`` (its pricing keys; other keys are the caller's): exactly
+    one form of ``free: true``, ``input_per_million_usd`` with ``output_per_million_usd``, or
+    ``per_decode_second_usd``. :class:`InvalidParams` names ``path`` or ``path.<key>``."""
     forms = []
     if "free" in raw:
         forms.append("free")
@@ -229,33 +289,48 @@ def _parse_entry(raw: Any, index: int, engines: Collection[str] | None) -> Price
             f"has more than one pricing form; give exactly one of {_FORMS}", field=path
         )
 
-    price: Price
     if forms[0] == "free":
         if raw["free"] is not True:
             raise InvalidParams(
                 "must be true (omit it and give prices for a priced model)",
                 field=f"{path}.free",
             )
-        price = Price("free", entry_index=index)
-    elif forms[0] == "tokens":
+        return Price("free", entry_index=entry_index, pool_id=pool_id)
+    if forms[0] == "tokens":
         for key, other in (
             ("input_per_million_usd", "output_per_million_usd"),
             ("output_per_million_usd", "input_per_million_usd"),
         ):
             if key not in raw:
                 raise InvalidParams(f"required together with {other}", field=f"{path}.{key}")
-        price = Price(
+        return Price(
             "tokens",
             input_per_million=_rate(raw, "input_per_million_usd", path),
             output_per_million=_rate(raw, "output_per_million_usd", path),
-            entry_index=index,
+            entry_index=entry_index,
+            pool_id=pool_id,
         )
-    else:
-        price = Price(
-            "decode_seconds",
-            per_second=_rate(raw, "per_decode_second_usd", path),
-            entry_index=index,
+    return Price(
+        "decode_seconds",
+        per_second=_rate(raw, "per_decode_second_usd", path),
+        entry_index=entry_index,
+        pool_id=pool_id,
+    )
+
+
+def _parse_entry(raw: Any, index: int, engines: Collection[str] | None) -> PriceEntry:
+    path = f"entries[{index}]"
+    if not isinstance(raw, Mapping):
+        raise InvalidParams("must be a mapping", field=path)
+    _unknown_keys(raw, _ENTRY_KEYS, f"{path}.")
+    engine = _text(raw, "engine", path)
+    if engines is not None and engine not in engines:
+        raise InvalidParams(
+            f"unknown engine {engine!r} (known: {', '.join(sorted(engines))})",
+            field=f"{path}.engine",
         )
+    model = _text(raw, "model", path)
+    price = parse_price(raw, path=path, entry_index=index)
     return PriceEntry(engine=engine, model=model, price=price)
 
 
@@ -346,3 +421,17 @@ class PriceTable:
         if self.unpriced == "free":
             return Price("free", entry_index=None)
         raise Unpriced(engine, model, self.version)
+
+
+def resolve_price(table: PriceTable, *, engine: str, model: str, own: Price | None = None) -> Price:
+    """The price a step of ``model`` on a pool of engine kind ``engine`` runs at: the pool's
+    own price (``own``) when it has one, else the table's; :data:`UNPRICED` when neither
+    prices it and the table does not make such models free. Never raises :class:`Unpriced`:
+    whether an unpriced model may run is the budget's question (``budgets.require_price``).
+    """
+    if own is not None:
+        return own
+    try:
+        return table.price_for(engine, model)
+    except Unpriced:
+        return UNPRICED

@@ -1,9 +1,11 @@
-"""``orchestratord serve`` and ``orchestratord db upgrade|current``."""
+"""``orchestratord serve``, ``orchestratord keys create|list|revoke`` and
+``orchestratord db upgrade|current``."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import ipaddress
 import logging
 import sys
 from pathlib import Path
@@ -25,7 +27,10 @@ def _settings(args: argparse.Namespace) -> Settings:
             overrides[name] = value
     if getattr(args, "pools", None) is not None:
         overrides["pools_file"] = Path(args.pools)
-    return Settings(**overrides)
+    settings = Settings(**overrides)
+    if getattr(args, "auth", False):
+        settings.auth.enabled = True
+    return settings
 
 
 def configure_logging(level: str, fmt: str = "text") -> None:
@@ -55,6 +60,15 @@ def serve(args: argparse.Namespace) -> int:
         except PoolConfigError as exc:
             print(f"orchestratord: invalid pools file:\n{exc}", file=sys.stderr)
             return 2
+    public = not is_loopback(settings.host) and not args.insecure
+    if public and not settings.auth.enabled and not asyncio.run(keys_exist(settings)):
+        print(
+            f"orchestratord: refusing to serve on {settings.host} with auth off: anyone who "
+            "can reach the port could read and write every run. Create a key (orchestratord "
+            "keys create --scope admin), pass --auth, or pass --insecure to serve anyway.",
+            file=sys.stderr,
+        )
+        return 2
     lock = SingleProcessLock.for_url(settings.database_url)
     if lock is not None:  # refuse here, before the server starts, with a plain message
         try:
@@ -80,6 +94,78 @@ def serve(args: argparse.Namespace) -> int:
 
     DrainingServer(config, app, drain_s=settings.dispatch.drain_s).run()
     return 0
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a name other than localhost: it may resolve to anything
+
+
+async def keys_exist(settings: Settings) -> bool:
+    from orchestratord.auth import store
+    from orchestratord.db.engine import Database
+    from orchestratord.db.migrate import upgrade
+
+    db = Database(settings.database_url)
+    try:
+        await upgrade(db)
+        async with db.read() as session:
+            return await store.any_key(session)
+    finally:
+        await db.dispose()
+
+
+def keys_command(args: argparse.Namespace) -> int:
+    from orchestrator_core.errors import NotFound
+    from orchestrator_core.keys import Scope
+    from orchestratord.auth import store
+    from orchestratord.db.engine import Database
+    from orchestratord.db.migrate import upgrade
+
+    settings = _settings(args)
+
+    async def go() -> int:
+        db = Database(settings.database_url)
+        try:
+            await upgrade(db)
+            if args.action == "create":
+                async with db.write() as session:
+                    text = await store.create(
+                        session, scope=Scope.parse(args.scope), name=args.name
+                    )
+                print(text)
+                print(
+                    "(shown once: only its hash is stored; it works in every process within "
+                    f"{settings.auth.cache_s:g} s)",
+                    file=sys.stderr,
+                )
+                return 0
+            if args.action == "revoke":
+                try:
+                    async with db.write() as session:
+                        info = await store.revoke(session, key_id=args.key_id)
+                except NotFound:
+                    print(f"orchestratord: no key {args.key_id}", file=sys.stderr)
+                    return 1
+                print(
+                    f"revoked {info.key_id} ({info.scope}); refused everywhere within "
+                    f"{settings.auth.cache_s:g} s"
+                )
+                return 0
+            async with db.read() as session:
+                listed = await store.listing(session)
+            for k in listed:
+                state = f"revoked {k.revoked_at.isoformat()}" if k.revoked_at else "active"
+                print(f"{k.key_id}  {k.scope:<5}  {state:<33}  {k.name or ''}".rstrip())
+            return 0
+        finally:
+            await db.dispose()
+
+    return asyncio.run(go())
 
 
 def db_command(args: argparse.Namespace) -> int:
@@ -112,7 +198,26 @@ def build_parser() -> argparse.ArgumentParser:
     p_serve.add_argument("--database-url", help="sqlite:///path or postgresql://...")
     p_serve.add_argument("--engine", choices=["sim", "llama"], help="engine of the local pool")
     p_serve.add_argument("--pools", metavar="FILE", help="YAML file of pools")
+    p_serve.add_argument(
+        "--auth", action="store_true", help="require an API key even before any key exists"
+    )
+    p_serve.add_argument(
+        "--insecure",
+        action="store_true",
+        help="serve on a non-loopback address with auth off (anyone reaching it has admin)",
+    )
     p_serve.set_defaults(func=serve)
+    p_keys = sub.add_parser("keys", help="API keys: create (printed once), list, revoke")
+    keys_sub = p_keys.add_subparsers(dest="action", required=True)
+    p_create = keys_sub.add_parser("create", help="make a key and print it once")
+    p_create.add_argument("--scope", required=True, choices=["read", "write", "admin"])
+    p_create.add_argument("--name", help="what the key is for")
+    p_list = keys_sub.add_parser("list", help="every key: id, scope, state, name")
+    p_revoke = keys_sub.add_parser("revoke", help="refuse a key from now on")
+    p_revoke.add_argument("key_id", help="the 12 hex digits after ok_")
+    for p in (p_create, p_list, p_revoke):
+        p.add_argument("--database-url")
+        p.set_defaults(func=keys_command)
     p_db = sub.add_parser("db", help="database migrations")
     p_db.add_argument("action", choices=["upgrade", "current"])
     p_db.add_argument("--database-url")

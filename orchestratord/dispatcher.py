@@ -13,10 +13,10 @@ Cancels requested through another process are picked up by polling ``cancel_requ
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 
 from orchestrator_core.lifecycle import StepStatus
+from orchestratord import tracing
 from orchestratord.db.engine import Database
 from orchestratord.eventlog import EventWriter
 from orchestratord.pools.registry import PoolRegistry, Replica
@@ -26,6 +26,7 @@ from orchestratord.steps.queries import cancel_requested_among, claim_queued
 from orchestratord.steps.running import ClaimedStep, Execution
 from orchestratord.steps.services import KindServices
 from orchestratord.steps.transition import transition
+from orchestratord.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -78,9 +79,7 @@ class Dispatcher:
             try:
                 await asyncio.wait_for(asyncio.shield(self._task), grace_s)
             except TimeoutError:
-                self._task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await self._task
+                await cancel_and_wait(self._task)
         for execution in list(self.executions.values()):
             execution.request_cancel()
         tasks = [e.task for e in self.executions.values() if e.task is not None]
@@ -159,7 +158,9 @@ class Dispatcher:
                                     continue  # waits for its replica; the others may go
                                 break
                             model = (step.input or {}).get("model") or pool.model_name
-                            price = self.prices.get(run.price_table).price_for(pool.engine, model)
+                            price = self.prices.resolve(
+                                run.price_table, engine=pool.engine, model=model, own=pool.price
+                            )
                             claimed.append((ClaimedStep(step, run, price, pool, replica), replica))
                             transition(step, StepStatus.RUNNING)
                             self.leases.grant(step)
@@ -197,7 +198,8 @@ class Dispatcher:
                 stale.abandon()
             execution = Execution(item, self.writer, self.services, self._finished)
             self.executions[execution.step_id] = execution
-            execution.start()
+            with tracing.claimed(item.step):  # the step's task joins its submission's trace
+                execution.start()
 
     def _finished(self, execution: Execution) -> None:
         if self.executions.get(execution.step_id) is execution:

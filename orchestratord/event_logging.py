@@ -9,6 +9,11 @@ inputs from ``started`` (seed, prompt_hash, params_hash, engine, engine_version,
 pool_id, replica_id, policy_hash, price_table) and, on ``end``/``error``, the full record
 (plus tokens_in, tokens_out, cost_usd, decode_time_ms). With ``ORCHESTRATORD_LOG_FORMAT=json``
 each line is one JSON object (see ``JsonFormatter``).
+
+No line carries a credential: ``scrub_logs`` installs :class:`SecretsFilter` on the loggers
+of this service, its engine adapters and httpx (whose INFO line ``HTTP Request: POST <url>``
+would show a replica URL's user and password), masking every configured secret and any
+credential written in a URL (``orchestrator_core.secrets``).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from typing import Any
 
 import orjson
 
+from orchestrator_core.secrets import Scrubber
 from orchestratord.eventlog import LogEvent
 
 log = logging.getLogger("orchestratord.events")
@@ -101,9 +107,63 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "message": record.getMessage(),
         }
-        for key, value in record.__dict__.items():
+        for key, value in list(record.__dict__.items()):
             if key not in _STANDARD:
                 out[key] = value
         if record.exc_info:
-            out["exception"] = self.formatException(record.exc_info)
+            out["exception"] = record.exc_text or self.formatException(record.exc_info)
         return orjson.dumps(out, default=str).decode()
+
+
+# The loggers whose records may quote a URL or an upstream reply: this service's, its
+# adapters' and its HTTP client's. A filter on a logger sees the records created on that
+# logger only (not its children's), so each one present is given the filter.
+_SCRUBBED_ROOTS = ("orchestratord", "orchestrator_core", "worker_adapters", "httpx", "httpcore")
+
+
+class SecretsFilter(logging.Filter):
+    """Rewrites a record's message, its ``extra`` values and its traceback text with the
+    secrets masked. One instance serves the process; each service started in it adds the
+    secrets it knows."""
+
+    def __init__(self) -> None:
+        super().__init__("secrets")
+        self.scrubber = Scrubber()
+
+    def add(self, scrubber: Scrubber) -> None:
+        self.scrubber = self.scrubber.union(scrubber)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        scrubber = self.scrubber
+        try:
+            message = record.getMessage()
+        except Exception:  # a broken format string: let the handler report it as it would
+            return True
+        clean = scrubber.text(message)
+        if clean != message:
+            record.msg, record.args = clean, ()
+        for key, value in list(record.__dict__.items()):
+            if key not in _STANDARD and isinstance(value, str | dict | list):
+                record.__dict__[key] = scrubber.value(value)
+        if record.exc_info and not record.exc_text:
+            record.exc_text = scrubber.text(logging.Formatter().formatException(record.exc_info))
+        return True
+
+
+SECRETS_FILTER = SecretsFilter()
+
+
+def scrub_logs(scrubber: Scrubber) -> None:
+    """Mask ``scrubber``'s secrets (and URL credentials) in every log line from here on."""
+    SECRETS_FILTER.add(scrubber)
+    manager = logging.Logger.manager
+    names = [
+        name
+        for name in list(manager.loggerDict)
+        if name.split(".")[0] in _SCRUBBED_ROOTS
+        and isinstance(manager.loggerDict[name], logging.Logger)
+    ]
+    for name in {*_SCRUBBED_ROOTS, *names}:
+        logger = logging.getLogger(name)
+        if SECRETS_FILTER not in logger.filters:
+            logger.addFilter(SECRETS_FILTER)

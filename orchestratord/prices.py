@@ -17,7 +17,7 @@ from typing import Any, get_args
 import yaml
 
 from orchestrator_core.errors import InvalidParams, NotFound
-from orchestrator_core.pricing import PriceTable
+from orchestrator_core.pricing import Price, PriceTable, resolve_price
 from orchestratord.pools.config import EngineKind
 from orchestratord.yaml_files import line_of, read_yaml
 
@@ -128,3 +128,9 @@ class PriceBook:
             return self._tables[version]
         except KeyError:
             raise NotFound("price table", version) from None
+
+    def resolve(self, version: str, *, engine: str, model: str, own: Price | None) -> Price:
+        """The price of a step on a pool of engine kind ``engine`` serving ``model``, for a
+        run pinned to table ``version``: the pool's ``own`` price, else the table's, else
+        unpriced (``Price.priced`` is false; see ``orchestrator_core.pricing``)."""
+        return resolve_price(self.get(version), engine=engine, model=model, own=own)

@@ -10,7 +10,6 @@ of at most 50 steps, each step locked with SKIP LOCKED so two reapers never take
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import random
 from collections.abc import Awaitable, Callable, Iterable
@@ -22,6 +21,7 @@ from orchestratord.db.engine import Database
 from orchestratord.db.models import Step
 from orchestratord.steps import leases
 from orchestratord.steps.leases import LeaseTerms, PriceOf
+from orchestratord.tasks import cancel_and_wait
 from orchestratord.tx import Tx
 
 log = logging.getLogger(__name__)
@@ -57,11 +57,8 @@ class LeaseKeeper:
         self._task = asyncio.create_task(self._loop(), name="lease-keeper")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
 
     async def _loop(self) -> None:
         every = self.terms.renew_every_s

@@ -10,13 +10,18 @@ from typing import Any
 
 from orchestrator_core.admission import AdmissionPolicy
 from orchestrator_core.breakers import BreakerBoard
+from orchestrator_core.flows import FlowLimits
 from orchestrator_core.pricing import Price
+from orchestratord import tracing
+from orchestratord.auth.guard import KeyGuard
+from orchestratord.auth.rates import KeyRates
+from orchestratord.auth.streams import KeyStreams
 from orchestratord.db.engine import Database
 from orchestratord.db.migrate import upgrade
 from orchestratord.db.models import Run, Step
 from orchestratord.db.single_process import SingleProcessLock
 from orchestratord.dispatcher import Dispatcher
-from orchestratord.event_logging import EventLogLines
+from orchestratord.event_logging import EventLogLines, scrub_logs
 from orchestratord.eventlog import RUN_END, EventWriter, LogEvent
 from orchestratord.metrics import Metrics
 from orchestratord.pools.config import load_pools_file, local_pool
@@ -24,6 +29,7 @@ from orchestratord.pools.registry import PoolRegistry, build_registry
 from orchestratord.pools.sessions import RunSessions
 from orchestratord.prices import PriceBook
 from orchestratord.reaper import LeaseKeeper
+from orchestratord.scrubbing import scrubber_for
 from orchestratord.settings import Settings
 from orchestratord.steps import leases
 from orchestratord.steps.leases import LeaseTerms
@@ -69,6 +75,9 @@ class Orchestrator:
             )
             pools = build_registry(specs, settings)
         self.pools = pools
+        # the pools' and the database's credentials, kept out of what the service shows
+        self.scrubber = scrubber_for(pools, urls=[settings.database_url])
+        scrub_logs(self.scrubber)
         self.prices = (
             PriceBook.load(settings.price_tables_dir)
             if settings.price_tables_dir is not None
@@ -87,6 +96,24 @@ class Orchestrator:
             ),
             default_cancel_on_disconnect=settings.stream.cancel_on_disconnect,
             metrics=self.metrics,
+            max_prompt_chars=settings.limits.max_prompt_chars,
+        )
+        auth, limits = settings.auth, settings.limits
+        self.auth = KeyGuard(
+            self.db,
+            required=auth.enabled,
+            cache_s=auth.cache_s,
+            open_paths=frozenset({"/healthz", "/metrics"} if auth.open_metrics else {"/healthz"}),
+        )
+        self.rates = KeyRates(
+            self.db,
+            requests_per_minute=limits.requests_per_minute,
+            tokens_per_minute=limits.tokens_per_minute,
+        )
+        self.key_streams = KeyStreams(limits.max_followers_per_key)
+        self.flow_limits = FlowLimits(
+            max_tools=limits.max_tools_per_flow,
+            max_tool_schema_bytes=limits.max_tool_schema_bytes,
         )
         tools, breakers = settings.tools, settings.breakers
         self.services = KindServices(
@@ -105,6 +132,7 @@ class Orchestrator:
             sessions=RunSessions(),
             poll_s=settings.stream.poll_s,
             metrics=self.metrics,
+            scrubber=self.scrubber,
         )
         dispatch = settings.dispatch
         self.leases = LeaseTerms.for_process(
@@ -133,6 +161,7 @@ class Orchestrator:
             requeued=self.dispatcher.wake,
         )
         self._background: set[asyncio.Task[object]] = set()
+        self.tracing: tracing.Tracing | None = None  # started with the service
 
     def _committed(self, events: list[LogEvent]) -> None:
         """Committed events: to the live followers; a run that ended closes its engine
@@ -145,6 +174,7 @@ class Orchestrator:
     async def start(self, *, migrate: bool = True) -> None:
         if self.lock is not None:
             self.lock.acquire()  # before anything is written: one process per SQLite file
+        self.tracing = tracing.start(self.settings.tracing)
         if migrate:
             await upgrade(self.db)
         await self.keeper.reap_on_start(single_process=self.db.is_sqlite)
@@ -181,6 +211,7 @@ class Orchestrator:
 
     async def stop(self) -> None:
         await self.keeper.stop()
+        await self.rates.stop()
         await self.dispatcher.stop()
         await self.writer.stop()
         for task in list(self._background):
@@ -190,6 +221,7 @@ class Orchestrator:
         if self.wakeups is not None:
             await self.wakeups.stop()
         await self.db.dispose()
+        await tracing.stop(self.tracing)  # the last spans exported
         if self.lock is not None:
             self.lock.release()
 
@@ -211,14 +243,16 @@ class Orchestrator:
         return status
 
     def _price_of(self, step: Step, run: Run) -> Price | None:
-        """The price of an engine step's pool and model for its run (None: not priced)."""
+        """The price of an engine step's pool and model for its run (None: not known here)."""
         pool = self.pools.pools.get(step.pool_id) if step.pool_id is not None else None
         if pool is None:
             return None
         model = (step.input or {}).get("model") or pool.model_name
         try:
-            return self.prices.get(run.price_table).price_for(pool.engine, model)
-        except Exception:  # an unknown table, an unpriced model: charged tokens, no cost
+            return self.prices.resolve(
+                run.price_table, engine=pool.engine, model=model, own=pool.price
+            )
+        except Exception:  # an unknown table: charged tokens, no cost
             return None
 
     def cancel_step_soon(self, step_id: str) -> None:

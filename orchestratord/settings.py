@@ -130,6 +130,63 @@ class BreakerSettings(BaseModel):
         )
 
 
+class AuthSettings(BaseModel):
+    """API keys (``orchestratord keys create``). Off unless keys exist or ``enabled``."""
+
+    enabled: bool = Field(
+        default=False,
+        description="Require a key on every route (``serve --auth``); auth is also on as soon "
+        "as any key exists",
+    )
+    open_metrics: bool = Field(
+        default=True, description="/metrics answers without a key (scrapers rarely carry one)"
+    )
+    cache_s: float = Field(
+        default=5.0,
+        ge=0,
+        description="Seconds a verified key (and whether keys exist) is trusted without "
+        "reading the database again; a revoked key stops working within this time",
+    )
+
+
+class LimitSettings(BaseModel):
+    """Request limits; each refusal is the error body, LIMIT_EXCEEDED naming the setting."""
+
+    max_body_bytes: int = Field(
+        default=4 * 1024 * 1024, ge=1024, description="Largest request body accepted (413)"
+    )
+    max_prompt_chars: int = Field(
+        default=1_000_000, ge=1, description="Longest prompt (or messages, together) of a step"
+    )
+    max_tools_per_flow: int = Field(default=128, ge=0, description="Tools one flow may declare")
+    max_tool_schema_bytes: int = Field(
+        default=65536, ge=64, description="Largest parameters schema of one tool (canonical JSON)"
+    )
+    max_followers_per_key: int = Field(
+        default=1000, ge=1, description="Open streams of one API key in one process"
+    )
+    requests_per_minute: int = Field(
+        default=6000, ge=0, description="Requests per API key per minute, all processes; 0: none"
+    )
+    tokens_per_minute: int = Field(
+        default=0,
+        ge=0,
+        description="Tokens (prompt estimate + max_tokens) submitted per API key per minute, "
+        "all processes; 0: no limit",
+    )
+
+
+class TracingSettings(BaseModel):
+    """OpenTelemetry spans, exported over OTLP/HTTP when an endpoint is set; off otherwise."""
+
+    otlp_endpoint: str | None = Field(
+        default=None,
+        description="OTLP/HTTP traces endpoint, e.g. http://collector:4318/v1/traces; unset: "
+        "no spans are made",
+    )
+    service_name: str = Field(default="orchestratord", description="service.name of the spans")
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="ORCHESTRATORD_", env_nested_delimiter="__")
 
@@ -181,3 +238,6 @@ class Settings(BaseSettings):
     price_table: str | None = Field(
         default=None, description="Price table version for new runs; default: the latest"
     )
+    auth: AuthSettings = Field(default_factory=AuthSettings)
+    limits: LimitSettings = Field(default_factory=LimitSettings)
+    tracing: TracingSettings = Field(default_factory=TracingSettings)

@@ -22,7 +22,7 @@ from test_harness.servers import serve_app
 from tests.pg import create_database, drop_database, require_postgres
 
 BACKENDS = ["sqlite", "postgresql"]
-TABLES = ["events", "facts", "checkpoints", "steps", "runs", "flows"]
+TABLES = ["events", "facts", "checkpoints", "steps", "runs", "flows", "api_keys", "key_usage"]
 
 
 @pytest.fixture(scope="session")

@@ -6,6 +6,11 @@ Generation runs on one dedicated thread per replica, so the event loop keeps ser
 and health checks while the model decodes. A replica has one slot: the model state is reset
 and re-seeded before every request, which makes equal (prompt, params, seed) give equal
 tokens, also across restarts.
+
+Chat ``messages`` go through the file's chat template when it has one. Without one (the
+default Gemma 3 270M is a base model and has none) they become a plain-text transcript
+(``worker_adapters/transcript.py``) whose reply ends, with ``stop_reason`` ``eos``, where the
+model starts a turn of its own.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from worker_adapters.base import (
 )
 from worker_adapters.errors import AdapterError, EngineFailure, EngineUnavailable
 from worker_adapters.stops import StopMatcher
+from worker_adapters.transcript import render_transcript
 
 _DONE = object()
 _FILE_TYPES = {
@@ -139,9 +145,7 @@ class LlamaAdapter(WorkerAdapter):
                 bos_token=llm._model.token_get_text(bos_id) if bos_id != -1 else "",
             )
             self._template_adds_bos = True
-        elif str(meta.get("general.architecture", "")).startswith("gemma"):
-            self._formatter = llama_chat_format.format_gemma
-            self._template_adds_bos = False
+        chat = "chat_template" if self._formatter is not None else "chat_transcript"
         file_type = meta.get("general.file_type")
         self._caps = Capabilities(
             engine="llama.cpp",
@@ -150,7 +154,7 @@ class LlamaAdapter(WorkerAdapter):
             model_hash=file_sha256(path),
             context_size=llm.n_ctx(),
             quantization=_FILE_TYPES.get(int(file_type)) if file_type is not None else None,
-            features=("seed", "stop", "token_ids", "logprobs", "json_schema", "chat_template"),
+            features=("seed", "stop", "token_ids", "logprobs", "json_schema", chat),
             extra={"model_file": path.name, "slots": 1},
         )
         self._llm = llm
@@ -189,14 +193,23 @@ class LlamaAdapter(WorkerAdapter):
                 self._cancels.pop(request.request_id, None)
                 self.busy = False
 
-    def _prompt_tokens(self, request: GenerationRequest) -> list[int]:
+    def _prompt(self, request: GenerationRequest) -> tuple[list[int], tuple[str, ...]]:
+        """The prompt's tokens, and the stop strings that end the reply's turn (transcripts:
+        not under a JSON schema, whose grammar ends the output itself)."""
         llm = self._llm
-        if request.messages is not None and self._formatter is not None:
+        turn_stops: tuple[str, ...] = ()
+        if request.messages is None:
+            text = request.prompt or ""
+        elif self._formatter is not None:
             text = self._formatter(messages=[dict(m) for m in request.messages]).prompt
-            return list(
-                llm.tokenize(text.encode(), add_bos=not self._template_adds_bos, special=True)
-            )
-        return list(llm.tokenize(request.rendered_prompt().encode(), add_bos=True, special=False))
+            add_bos = not self._template_adds_bos
+            return list(llm.tokenize(text.encode(), add_bos=add_bos, special=True)), ()
+        else:
+            transcript = render_transcript(request.messages)
+            text = transcript.prompt
+            turn_stops = () if request.json_schema is not None else transcript.stops
+        # special=False: text that spells a control token stays text
+        return list(llm.tokenize(text.encode(), add_bos=True, special=False)), turn_stops
 
     def _generate(
         self, request: GenerationRequest, cancel: threading.Event, put: Callable[[object], None]
@@ -217,7 +230,7 @@ class LlamaAdapter(WorkerAdapter):
         from llama_cpp.llama_grammar import LlamaGrammar
 
         llm = self._llm
-        tokens = self._prompt_tokens(request)
+        tokens, turn_stops = self._prompt(request)
         if len(tokens) >= llm.n_ctx():
             raise EngineFailure(f"prompt has {len(tokens)} tokens; the context holds {llm.n_ctx()}")
         grammar = None
@@ -227,7 +240,9 @@ class LlamaAdapter(WorkerAdapter):
         llm.set_seed(engine_seed(request.seed))
         vocab = llm._model.vocab
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        matcher = StopMatcher(request.stop)
+        matcher = StopMatcher(request.stop + turn_stops)
+        pushed: list[str] = []  # text fed to the matcher
+        released: list[str] = []  # text it let through
         budget = min(request.max_tokens, llm.n_ctx() - len(tokens))
         generated = sent = 0
         reason = "length"
@@ -247,11 +262,13 @@ class LlamaAdapter(WorkerAdapter):
             generated += 1
             text = decoder.decode(llm.detokenize([tok], special=False))
             logprob = _logprob(llm, tok) if request.logprobs else None
+            pushed.append(text)
             for out in matcher.push(Token(text=text, token_id=int(tok), logprob=logprob)):
                 sent += 1
+                released.append(out.text)
                 put(out)
             if matcher.stopped:
-                reason = "stop"
+                reason = _stop_reason("".join(pushed)[len("".join(released)) :], request.stop)
                 break
             if generated >= budget:
                 break
@@ -279,13 +296,19 @@ class LlamaAdapter(WorkerAdapter):
     def count_tokens(self, request: GenerationRequest) -> int | None:
         if self._llm is None:
             return None
-        return len(self._prompt_tokens(request))
+        return len(self._prompt(request)[0])
 
     async def aclose(self) -> None:
         for event in self._cancels.values():
             event.set()
         self._executor.shutdown(wait=True, cancel_futures=True)
         self._llm = None
+
+
+def _stop_reason(rest: str, request_stops: tuple[str, ...]) -> str:
+    """``stop`` when one of the request's stop strings begins ``rest`` (the text from the
+    cut on), ``eos`` when only a turn label does: the model ended its turn."""
+    return "stop" if any(s and rest.startswith(s) for s in request_stops) else "eos"
 
 
 def _logprob(llm: Any, token: int) -> float:

@@ -60,6 +60,9 @@ class OpenAIAdapter(WorkerAdapter):
         self.model = model
         self._pinned_hash = model_hash
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        # what this adapter sends as a credential, for the control plane to mask wherever
+        # an engine's reply (an error quoting the request) would show it
+        self.secrets: tuple[str, ...] = (api_key,) if api_key else ()
         self._client = httpx.AsyncClient(
             base_url=self.base_url,
             headers=headers,

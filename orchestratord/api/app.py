@@ -8,9 +8,12 @@ from contextlib import asynccontextmanager
 from fastapi import Depends, FastAPI
 
 from orchestratord import __version__
-from orchestratord.api import errors, metrics_routes
+from orchestratord.api import errors, metrics_routes, openapi_doc
+from orchestratord.api.auth import AuthMiddleware
+from orchestratord.api.body_limit import BodyLimitMiddleware
 from orchestratord.api.correlation import CorrelationIdMiddleware
 from orchestratord.api.params import refuse_nul
+from orchestratord.api.request_spans import RequestSpanMiddleware
 from orchestratord.api.responses import JsonResponse
 from orchestratord.facts import routes as facts
 from orchestratord.flows import routes as flows
@@ -53,6 +56,7 @@ def create_app(
     if orchestrator is not None:
         app.state.orchestrator = orchestrator
     errors.install(app)
+    openapi_doc.install(app)
     for module in (flows, runs, steps, facts, pools, streams, transfer, metrics_routes):
         app.include_router(module.router)
 
@@ -60,5 +64,9 @@ def create_app(
     async def healthz() -> dict[str, str]:
         return {"status": "ok", "version": __version__}
 
+    limits = (settings or (orchestrator.settings if orchestrator else Settings())).limits
+    app.add_middleware(AuthMiddleware)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=limits.max_body_bytes)
     app.add_middleware(CorrelationIdMiddleware)
+    app.add_middleware(RequestSpanMiddleware)  # outside: sees the final status and id
     return app

@@ -38,6 +38,9 @@ STATUS: dict[type[E.OrchestratorError], int] = {
     E.ToolError: 502,
     E.CircuitOpen: 503,
     E.LimitExceeded: 429,
+    E.TooLarge: 413,
+    E.Unauthenticated: 401,
+    E.Forbidden: 403,
     GateExprInvalid: 422,
     E.Cancelled: 409,
 }
@@ -52,6 +55,8 @@ REFUSALS = (
     E.NoCapacity,
     E.CircuitOpen,
     E.LimitExceeded,
+    E.Unauthenticated,
+    E.Forbidden,
 )
 _TAG_ERRORS = frozenset({"union_tag_invalid", "union_tag_not_found"})
 _HTTP_CODES = {404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED", 400: "INVALID_PARAMS"}
@@ -66,7 +71,7 @@ def error_response(
     return JsonResponse(body, status_code=status, headers=headers)
 
 
-def _status_of(exc: E.OrchestratorError) -> int:
+def status_of(exc: E.OrchestratorError) -> int:
     for cls in type(exc).__mro__:
         if cls in STATUS:
             return STATUS[cls]
@@ -79,7 +84,7 @@ async def on_domain_error(request: Request, exc: Exception) -> JsonResponse:
         orch = getattr(request.app.state, "orchestrator", None)
         if orch is not None:
             orch.metrics.refusals.labels(exc.code).inc()
-    return error_response(_status_of(exc), exc.body())
+    return error_response(status_of(exc), exc.body())
 
 
 def _field(loc: tuple[Any, ...], error_type: str = "") -> str:

@@ -7,6 +7,7 @@ from fastapi import APIRouter, Depends
 from fastapi.responses import Response
 
 from orchestrator_core.lifecycle import StepStatus
+from orchestratord.api.auth import READ
 from orchestratord.api.deps import orchestrator
 from orchestratord.db.models import Step
 from orchestratord.metrics import CONTENT_TYPE, State
@@ -23,6 +24,7 @@ _QUEUED = (
 
 @router.get(
     "/metrics",
+    dependencies=[READ],
     response_class=Response,
     responses={200: {"content": {CONTENT_TYPE: {}}, "description": "Prometheus text format"}},
 )

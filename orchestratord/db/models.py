@@ -73,6 +73,8 @@ class Run(Base):
     tokens_in_reserved: Mapped[int] = mapped_column(sa.BigInteger, default=0)
     tokens_out_reserved: Mapped[int] = mapped_column(sa.BigInteger, default=0)
     cost_reserved_usd: Mapped[float] = mapped_column(sa.Float, default=0.0)
+    # Settled steps whose model had no price: their cost is not in cost_used_usd (unknown).
+    unpriced_steps: Mapped[int] = mapped_column(sa.Integer, default=0, server_default="0")
     price_table: Mapped[str] = mapped_column(sa.String(64))
     policy_hash: Mapped[str] = mapped_column(sa.String(80))
     step_count: Mapped[int] = mapped_column(sa.Integer, default=0)
@@ -121,7 +123,8 @@ class Step(Base):
     output: Mapped[dict[str, Any] | None] = mapped_column(Json)
     tokens_in: Mapped[int] = mapped_column(sa.BigInteger, default=0)
     tokens_out: Mapped[int] = mapped_column(sa.BigInteger, default=0)
-    cost_usd: Mapped[float] = mapped_column(sa.Float, default=0.0)
+    # None: its model had no price, so what it cost is not known (never a silent 0)
+    cost_usd: Mapped[float | None] = mapped_column(sa.Float, default=0.0)
     provenance: Mapped[dict[str, Any] | None] = mapped_column(Json)
     error: Mapped[dict[str, Any] | None] = mapped_column(Json)
     # Replay runs: the recorded step this one reproduces, and the verdict once it has ended
@@ -189,3 +192,26 @@ class Checkpoint(Base):
     # The server's side when it was taken: last fact, last step position, budget usage.
     cursors: Mapped[dict[str, Any] | None] = mapped_column(Json, nullable=True)
     created_at: Mapped[datetime] = mapped_column(Ts)
+
+
+class ApiKey(Base):
+    """An API key: only the scrypt digest of its secret is kept."""
+
+    __tablename__ = "api_keys"
+    key_id: Mapped[str] = mapped_column(sa.String(12), primary_key=True)
+    name: Mapped[str | None] = mapped_column(sa.String(200))
+    scope: Mapped[str] = mapped_column(sa.String(8))
+    salt: Mapped[str] = mapped_column(sa.String(32))
+    digest: Mapped[str] = mapped_column(sa.String(64))
+    created_at: Mapped[datetime] = mapped_column(Ts)
+    revoked_at: Mapped[datetime | None] = mapped_column(Ts, nullable=True)
+
+
+class KeyUsage(Base):
+    """Requests and tokens of one key in one minute, summed over every process."""
+
+    __tablename__ = "key_usage"
+    key_id: Mapped[str] = mapped_column(sa.String(12), primary_key=True)
+    minute: Mapped[int] = mapped_column(sa.BigInteger, primary_key=True, autoincrement=False)
+    requests: Mapped[int] = mapped_column(sa.BigInteger, default=0)
+    tokens: Mapped[int] = mapped_column(sa.BigInteger, default=0)

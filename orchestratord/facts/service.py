@@ -20,6 +20,7 @@ from orchestratord.db.models import Checkpoint, Fact, Flow, Run, Step
 from orchestratord.eventlog import log_event
 from orchestratord.flows.service import get_flow
 from orchestratord.policies import policy_of
+from orchestratord.runs.ledger import usage_of
 from orchestratord.runs.service import get_run
 from orchestratord.tx import Tx
 
@@ -176,9 +177,5 @@ async def cursors_in(session: AsyncSession, run: Run, *, position: int | None) -
     return {
         "last_fact_id": last_fact,
         "last_step_position": run.step_count - 1 if position is None else position,
-        "usage": {
-            "tokens_in": run.tokens_in_used,
-            "tokens_out": run.tokens_out_used,
-            "cost_usd": run.cost_used_usd,
-        },
+        "usage": usage_of(run),
     }

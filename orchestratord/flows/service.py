@@ -6,17 +6,20 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from contracts.flows import FlowCreate
 from orchestrator_core import clock
 from orchestrator_core.errors import NotFound
-from orchestrator_core.flows import normalize_flow
+from orchestrator_core.flows import FlowLimits, normalize_flow
 from orchestratord.db.models import Flow
 
 
-async def create_flow(session: AsyncSession, *, body: FlowCreate) -> tuple[Flow, bool]:
+async def create_flow(
+    session: AsyncSession, *, body: FlowCreate, limits: FlowLimits | None = None
+) -> tuple[Flow, bool]:
     """Store a flow by content; the same content returns the stored flow (created=False)."""
     content = normalize_flow(
         ast=body.ast,
         # unset optional executor fields are not content: adding one keeps old flow ids
         tools=[t.model_dump(mode="json", exclude_none=True) for t in body.tools],
         config=body.config,
+        limits=limits,
     )
     existing = await session.get(Flow, content.flow_id)
     if existing is not None:

@@ -23,9 +23,9 @@ from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from typing import Any
 
-from orchestrator_core.fs import FsPolicyViolation, FsRules, FsTarget
+from orchestrator_core.fs import RESERVED_PREFIX, FsPolicyViolation, FsRules, FsTarget
 
-TMP_PREFIX = ".~fs-"
+TMP_PREFIX = RESERVED_PREFIX
 MAX_READ_BYTES = 16 * 1024 * 1024
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 

@@ -1,6 +1,12 @@
 """The pools file (YAML) and the single local pool of ``--engine``.
 
 Errors name the field and, for a file, the line it is on.
+
+A pool may carry its own price (``price:``), written as a price-table entry is, without
+``engine`` and ``model``: ``{free: true}``, ``{input_per_million_usd: ..,
+output_per_million_usd: ..}`` or ``{per_decode_second_usd: ..}``, amounts in USD, finite and
+``>= 0``. It wins over the price table for every step the pool serves (see
+``orchestrator_core.pricing``).
 """
 
 from __future__ import annotations
@@ -10,6 +16,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from orchestrator_core.errors import InvalidParams
+from orchestrator_core.pricing import Price, parse_price
 from orchestratord.yaml_files import line_of, read_yaml
 
 EngineKind = Literal["sim", "llama", "openai", "kakeya", "salience", "uma"]
@@ -24,12 +32,45 @@ class ReplicaSpec(BaseModel):
     options: dict[str, Any] = Field(default_factory=dict)
 
 
+def _usd(description: str) -> Any:
+    return Field(default=None, ge=0, allow_inf_nan=False, strict=True, description=description)
+
+
+class PoolPrice(BaseModel):
+    """A pool's own price: one pricing form of a price-table entry."""
+
+    model_config = ConfigDict(extra="forbid")
+    free: bool | None = Field(default=None, strict=True, description="true: costs nothing")
+    input_per_million_usd: float | None = _usd("USD per million prompt tokens")
+    output_per_million_usd: float | None = _usd("USD per million generated tokens")
+    per_decode_second_usd: float | None = _usd("USD per second of decode")
+
+    @model_validator(mode="after")
+    def _one_form(self) -> PoolPrice:
+        self.to_price()  # the forms' rules are the price tables'
+        return self
+
+    def to_price(self, pool_id: str | None = None) -> Price:
+        try:
+            return parse_price(self.model_dump(exclude_none=True), path="$", pool_id=pool_id)
+        except InvalidParams as exc:
+            where = exc.field.removeprefix("$").removeprefix(".")
+            message = exc.message.removeprefix(f"{exc.field}: ")
+            raise ValueError(f"{where}: {message}" if where else message) from None
+
+
 class PoolSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
     pool_id: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.\-]+$")
     engine: EngineKind
     tags: dict[str, str] = Field(default_factory=dict)
     replicas: list[ReplicaSpec] = Field(min_length=1)
+    price: PoolPrice | None = Field(
+        default=None, description="the pool's own price; it wins over the price table"
+    )
+
+    def own_price(self) -> Price | None:
+        return None if self.price is None else self.price.to_price(self.pool_id)
 
     @model_validator(mode="after")
     def _unique_replicas(self) -> PoolSpec:

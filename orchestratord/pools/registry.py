@@ -11,6 +11,7 @@ from contracts.records import PoolOut, ReplicaOut
 from orchestrator_core.errors import NotFound
 from orchestrator_core.generation import LlmInput
 from orchestrator_core.placement import PoolView
+from orchestrator_core.pricing import Price
 from orchestrator_core.replay import EngineIdentity
 from orchestratord.engine_requests import generation_request
 from orchestratord.pools.config import PoolSpec, ReplicaSpec
@@ -45,6 +46,7 @@ class Pool:
     replicas: list[Replica]
     capabilities: dict[str, Any] = field(default_factory=dict)
     queued: int = 0
+    price: Price | None = None  # its own, from pools.yaml: wins over the price table
 
     @property
     def ready(self) -> bool:
@@ -108,6 +110,7 @@ class Pool:
             engine=self.engine,
             tags=self.tags,
             capabilities=self.capabilities,
+            price=None if self.price is None else self.price.rates(),
             health=self.health_label,
             load=self.load(),
             replicas=[
@@ -291,6 +294,12 @@ def build_registry(specs: list[PoolSpec], settings: Settings) -> PoolRegistry:
             for r in spec.replicas
         ]
         pools.append(
-            Pool(pool_id=spec.pool_id, engine=spec.engine, tags=spec.tags, replicas=replicas)
+            Pool(
+                pool_id=spec.pool_id,
+                engine=spec.engine,
+                tags=spec.tags,
+                replicas=replicas,
+                price=spec.own_price(),
+            )
         )
     return PoolRegistry(pools)

@@ -62,6 +62,7 @@ async def fork_run(tx: Tx, *, run_id: str, body: RunFork) -> Run:
         tokens_in_used=0,
         tokens_out_used=0,
         cost_used_usd=0.0,
+        unpriced_steps=0,
         tokens_in_reserved=0,
         tokens_out_reserved=0,
         cost_reserved_usd=0.0,

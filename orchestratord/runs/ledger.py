@@ -2,12 +2,27 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from orchestrator_core import clock
 from orchestrator_core.budgets import Ledger, Limits, Reservation
 from orchestratord.db.models import Run, Step
+
+
+def usage_of(run: Run) -> dict[str, Any]:
+    """What the run's settled steps used, as the API, gates and checkpoints show it. A total
+    over steps of which some have no known cost (unpriced models) is not known either:
+    ``cost_usd`` is then null, and ``priced_cost_usd`` is the sum over the priced ones."""
+    return {
+        "tokens_in": run.tokens_in_used,
+        "tokens_out": run.tokens_out_used,
+        "cost_usd": run.cost_used_usd if run.unpriced_steps == 0 else None,
+        "priced_cost_usd": run.cost_used_usd,
+        "unpriced_steps": run.unpriced_steps,
+    }
 
 
 async def read_ledger(session: AsyncSession, *, run_id: str) -> Ledger:
@@ -91,16 +106,22 @@ async def settle(
     step: Step,
     tokens_in: int,
     tokens_out: int,
-    cost_usd: float,
+    cost_usd: float | None,
 ) -> None:
-    """Release the step's reservation and charge what it used, in the caller's transaction."""
+    """Release the step's reservation and charge what it used, in the caller's transaction.
+
+    A cost of ``None`` (the step's model had no price) is not known, so it is not added: the
+    run counts the step in ``unpriced_steps`` and its ``cost_used_usd`` stays the sum over
+    priced steps, which is what a cost budget counts (an unpriced model never runs under
+    one)."""
     await session.execute(
         _SETTLE,
         {
             "b_run_id": step.run_id,
             "used_in": tokens_in,
             "used_out": tokens_out,
-            "used_cost": cost_usd,
+            "used_cost": 0.0 if cost_usd is None else cost_usd,
+            "unpriced": 1 if cost_usd is None else 0,
             "held_in": step.tokens_in_reserved,
             "held_out": step.tokens_out_reserved,
             "held_cost": step.cost_reserved_usd,
@@ -116,6 +137,7 @@ _SETTLE = (
         tokens_in_used=Run.tokens_in_used + sa.bindparam("used_in", type_=sa.BigInteger),
         tokens_out_used=Run.tokens_out_used + sa.bindparam("used_out", type_=sa.BigInteger),
         cost_used_usd=Run.cost_used_usd + sa.bindparam("used_cost", type_=sa.Float),
+        unpriced_steps=Run.unpriced_steps + sa.bindparam("unpriced", type_=sa.Integer),
         tokens_in_reserved=Run.tokens_in_reserved - sa.bindparam("held_in", type_=sa.BigInteger),
         tokens_out_reserved=Run.tokens_out_reserved - sa.bindparam("held_out", type_=sa.BigInteger),
         cost_reserved_usd=Run.cost_reserved_usd - sa.bindparam("held_cost", type_=sa.Float),

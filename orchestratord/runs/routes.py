@@ -6,6 +6,7 @@ from contracts.replay import ReplayReport
 from contracts.runs import CancelOut, RunComplete, RunCreate, RunFork, RunOut
 from contracts.steps import StepOut
 from orchestrator_core.errors import InvalidParams
+from orchestratord.api.auth import READ, WRITE
 from orchestratord.api.budget_headers import set_budget_headers
 from orchestratord.api.deps import orchestrator
 from orchestratord.replay.runs import replay_report
@@ -17,7 +18,9 @@ from orchestratord.steps.queries import list_steps, step_view
 router = APIRouter(tags=["runs"])
 
 
-@router.post("/v1/flows/{flow_id}/runs", status_code=201, response_model=RunOut)
+@router.post(
+    "/v1/flows/{flow_id}/runs", dependencies=[WRITE], status_code=201, response_model=RunOut
+)
 async def create_run(
     flow_id: str, body: RunCreate, response: Response, orch: Orchestrator = Depends(orchestrator)
 ) -> RunOut:
@@ -35,7 +38,7 @@ async def create_run(
         return RunOut.model_validate(repo.run_view(run))
 
 
-@router.get("/v1/runs/{run_id}", response_model=RunOut)
+@router.get("/v1/runs/{run_id}", dependencies=[READ], response_model=RunOut)
 async def get_run(
     run_id: str, response: Response, orch: Orchestrator = Depends(orchestrator)
 ) -> RunOut:
@@ -45,7 +48,7 @@ async def get_run(
         return RunOut.model_validate(repo.run_view(run))
 
 
-@router.get("/v1/runs", response_model=list[RunOut])
+@router.get("/v1/runs", dependencies=[READ], response_model=list[RunOut])
 async def list_runs(
     response: Response,
     flow_id: str | None = Query(default=None, description="only runs of this flow"),
@@ -65,7 +68,7 @@ async def list_runs(
     return out
 
 
-@router.post("/v1/runs/{run_id}/complete", response_model=RunOut)
+@router.post("/v1/runs/{run_id}/complete", dependencies=[WRITE], response_model=RunOut)
 async def complete_run(
     run_id: str, body: RunComplete, orch: Orchestrator = Depends(orchestrator)
 ) -> RunOut:
@@ -74,7 +77,7 @@ async def complete_run(
         return RunOut.model_validate(repo.run_view(run))
 
 
-@router.post("/v1/runs/{run_id}/fork", status_code=201, response_model=RunOut)
+@router.post("/v1/runs/{run_id}/fork", dependencies=[WRITE], status_code=201, response_model=RunOut)
 async def fork(run_id: str, body: RunFork, orch: Orchestrator = Depends(orchestrator)) -> RunOut:
     """A new record run from a checkpoint: the facts up to it and the checkpoint itself."""
     async with orch.tx() as tx:
@@ -82,7 +85,9 @@ async def fork(run_id: str, body: RunFork, orch: Orchestrator = Depends(orchestr
         return RunOut.model_validate(repo.run_view(run))
 
 
-@router.post("/v1/runs/{run_id}/cancel", status_code=202, response_model=CancelOut)
+@router.post(
+    "/v1/runs/{run_id}/cancel", dependencies=[WRITE], status_code=202, response_model=CancelOut
+)
 async def cancel_run(run_id: str, orch: Orchestrator = Depends(orchestrator)) -> CancelOut:
     async with orch.tx() as tx:
         status, running = await repo.cancel_run(tx, run_id=run_id)
@@ -91,7 +96,7 @@ async def cancel_run(run_id: str, orch: Orchestrator = Depends(orchestrator)) ->
     return CancelOut(status=status)
 
 
-@router.get("/v1/runs/{run_id}/steps", response_model=list[StepOut])
+@router.get("/v1/runs/{run_id}/steps", dependencies=[READ], response_model=list[StepOut])
 async def get_run_steps(run_id: str, orch: Orchestrator = Depends(orchestrator)) -> list[StepOut]:
     """The run's steps in submission order (``position``)."""
     async with orch.db.read() as session:
@@ -100,7 +105,7 @@ async def get_run_steps(run_id: str, orch: Orchestrator = Depends(orchestrator))
         return [StepOut.model_validate(step_view(s)) for s in steps]
 
 
-@router.get("/v1/runs/{run_id}/replay-report", response_model=ReplayReport)
+@router.get("/v1/runs/{run_id}/replay-report", dependencies=[READ], response_model=ReplayReport)
 async def get_replay_report(
     run_id: str, orch: Orchestrator = Depends(orchestrator)
 ) -> ReplayReport:

@@ -19,6 +19,7 @@ from orchestratord.db.models import Run, Step
 from orchestratord.flows.service import get_flow
 from orchestratord.prices import PriceBook
 from orchestratord.replay.runs import check_strict, inherited
+from orchestratord.runs.ledger import usage_of
 from orchestratord.steps.transition import end_run, end_unstarted, live_steps
 from orchestratord.tx import Tx
 
@@ -96,6 +97,7 @@ async def create_run(
         tokens_in_used=0,
         tokens_out_used=0,
         cost_used_usd=0.0,
+        unpriced_steps=0,
         step_count=0,
         event_seq=0,
         created_at=now,
@@ -144,11 +146,7 @@ def run_view(run: Run) -> dict[str, Any]:
                 "updated_at",
             )
         },
-        "usage": {
-            "tokens_in": run.tokens_in_used,
-            "tokens_out": run.tokens_out_used,
-            "cost_usd": run.cost_used_usd,
-        },
+        "usage": usage_of(run),
         "reserved": {
             "tokens_in": run.tokens_in_reserved,
             "tokens_out": run.tokens_out_reserved,

@@ -3,7 +3,9 @@
 Rows are read and written column by column from the tables themselves, so a column added to
 a model travels without a change here. An import keeps every id, checks the whole bundle
 before it writes anything, and writes it in the caller's one transaction; the events keep
-their run cursors and seqs, and their ``data`` unchanged.
+their run cursors and seqs, and their ``data`` unchanged. The checks are of two kinds: each
+row's shape and references (here), and the record's agreement with itself, so that a forged
+token, output, hash or id is refused (``transfer_checks``).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from orchestrator_core.lifecycle import RunStatus, StepStatus
 from orchestratord.db.models import Checkpoint, Event, Fact, Flow, Run, Step
 from orchestratord.eventlog import EVENT_COLUMNS as _EVENT_COLUMNS
 from orchestratord.eventlog import expand
+from orchestratord.runs.transfer_checks import check_record
 from orchestratord.tx import Tx
 
 Row = dict[str, Any]
@@ -448,6 +451,9 @@ def _validate(bundle: RunBundle) -> _Decoded:
     for i, ev in enumerate(events):
         _check_event(ev, f"events[{i}]")
     _check_step_logs(steps, events)
+    check_record(
+        run=run, steps=steps, events=events, facts=rows["facts"], checkpoints=rows["checkpoints"]
+    )
     # The next run cursor follows the imported ones.
     run["event_seq"] = max((ev["run_seq"] for ev in events), default=-1) + 1
     return _Decoded(flow, run, steps, events, rows["facts"], rows["checkpoints"])

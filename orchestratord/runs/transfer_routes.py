@@ -7,6 +7,7 @@ from fastapi import APIRouter, Depends, Response
 from contracts.common import ErrorBody
 from contracts.runs import RunOut
 from contracts.transfer import RunBundle
+from orchestratord.api.auth import ADMIN, READ
 from orchestratord.api.budget_headers import set_budget_headers
 from orchestratord.api.deps import orchestrator
 from orchestratord.api.responses import JsonResponse
@@ -19,6 +20,7 @@ router = APIRouter(tags=["runs"])
 
 @router.get(
     "/v1/runs/{run_id}/export",
+    dependencies=[READ],
     response_model=RunBundle,
     responses={409: {"model": ErrorBody, "description": "steps of the run have not ended"}},
 )
@@ -30,6 +32,7 @@ async def export_run(run_id: str, orch: Orchestrator = Depends(orchestrator)) ->
 
 @router.post(
     "/v1/runs:import",
+    dependencies=[ADMIN],
     status_code=201,
     response_model=RunOut,
     responses={

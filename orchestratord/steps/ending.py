@@ -18,7 +18,7 @@ class Ending:
     output: dict[str, Any]
     tokens_in: int = 0
     tokens_out: int = 0
-    cost_usd: float = 0.0
+    cost_usd: float | None = 0.0  # None: the model had no price (not known)
     provenance: dict[str, Any] | None = None
     error: dict[str, Any] | None = None
     replay_outcome: str | None = None

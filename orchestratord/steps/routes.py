@@ -4,6 +4,8 @@ from fastapi import APIRouter, Depends, Response
 
 from contracts.runs import CancelOut
 from contracts.steps import AnyStepCreate, StepAccepted, StepCreate, StepOut
+from orchestrator_core.keys import Principal
+from orchestratord.api.auth import READ, WRITE
 from orchestratord.api.budget_headers import set_budget_headers
 from orchestratord.api.deps import orchestrator
 from orchestratord.db.models import Run
@@ -17,14 +19,22 @@ from orchestratord.steps.submission import submit_step as submit
 router = APIRouter(tags=["steps"])
 
 
-@router.post("/v1/runs/{run_id}/steps", status_code=202, response_model=StepAccepted)
+@router.post(
+    "/v1/runs/{run_id}/steps",
+    status_code=202,
+    response_model=StepAccepted,
+    responses={200: {"model": StepAccepted, "description": "a repeated client_token: the first"}},
+)
 async def submit_step(
     run_id: str,
     body: StepCreate,
     response: Response,
     orch: Orchestrator = Depends(orchestrator),
+    principal: Principal | None = WRITE,
 ) -> StepAccepted:
     typed: AnyStepCreate = body
+    if principal is not None:
+        orch.rates.check_tokens(principal.key_id)
     async with orch.tx() as tx:
         done = await submit(tx, run_id=run_id, body=typed, ctx=orch.submit_context)
         out = StepAccepted(step_id=done.step.step_id, status=step_view(done.step)["status"])
@@ -32,13 +42,18 @@ async def submit_step(
         assert run is not None
         set_budget_headers(response, run, done.ledger)
     if done.created:
+        if principal is not None:
+            step = done.step
+            orch.rates.add_tokens(
+                principal.key_id, step.tokens_in_reserved + step.tokens_out_reserved
+            )
         orch.dispatcher.wake(control=not kind_of(typed.type).engine)
     else:
         response.status_code = 200
     return out
 
 
-@router.get("/v1/steps/{step_id}", response_model=StepOut)
+@router.get("/v1/steps/{step_id}", dependencies=[READ], response_model=StepOut)
 async def get_step(
     step_id: str, response: Response, orch: Orchestrator = Depends(orchestrator)
 ) -> StepOut:
@@ -48,6 +63,8 @@ async def get_step(
         return StepOut.model_validate(step_view(step))
 
 
-@router.post("/v1/steps/{step_id}/cancel", status_code=202, response_model=CancelOut)
+@router.post(
+    "/v1/steps/{step_id}/cancel", dependencies=[WRITE], status_code=202, response_model=CancelOut
+)
 async def cancel_step(step_id: str, orch: Orchestrator = Depends(orchestrator)) -> CancelOut:
     return CancelOut(status=await orch.cancel_step(step_id))

@@ -17,9 +17,11 @@ from orchestrator_core import clock
 from orchestrator_core.budgets import Limits, step_deadline_ms
 from orchestrator_core.lifecycle import StepStatus
 from orchestrator_core.pricing import Price
+from orchestratord import tracing
 from orchestratord.db.models import Run, Step
 from orchestratord.eventlog import EventWriter, StepLog
 from orchestratord.pools.registry import Pool, Replica
+from orchestratord.scrubbing import scrub_ending
 from orchestratord.steps.kinds import kind_of
 from orchestratord.steps.kinds.base import StepContext
 from orchestratord.steps.queries import get_step, next_seq
@@ -144,9 +146,11 @@ class Execution:
             else None
         )
         try:
-            ending = await kind_of(step.type).execute(ctx)
+            # an upstream error may quote a credential: kept out of the event and the record
+            ending = scrub_ending(await kind_of(step.type).execute(ctx), self.services.scrubber)
         finally:
             if timer is not None:
                 timer.cancel()
-        await ctx.log.close(ending.event, ending_finalizer(step.step_id, ending))
+        with tracing.span("step.end", step, status=ending.status.value):
+            await ctx.log.close(ending.event, ending_finalizer(step.step_id, ending))
         self.services.metrics.steps.labels(step.type, ending.status.value).inc()

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from orchestrator_core.breakers import BreakerBoard
+from orchestrator_core.secrets import Scrubber
 from orchestratord.metrics import Metrics
 from orchestratord.pools.sessions import RunSessions
 from orchestratord.streams.hub import Hub
@@ -22,6 +23,7 @@ class KindServices:
     sessions: RunSessions  # engine sessions owned by runs (session-bound engines)
     poll_s: float = 0.5  # how often a waiting gate re-reads for other processes' facts
     metrics: Metrics = field(default_factory=Metrics)
+    scrubber: Scrubber = field(default_factory=Scrubber)  # masks secrets in errors shown
 
     async def aclose(self) -> None:
         await self.tools.aclose()

@@ -6,7 +6,8 @@ or refuses by raising a domain error that the HTTP layer maps (422, 403, 409, 42
 The rules never ask which kind of step they hold: they call the kind's protocol
 (``steps/kinds``). In order:
 
-    LoadRun -> ResolveKind -> Place -> Police -> MatchRecord -> Price -> Admit -> Insert
+    LoadRun -> ResolveKind -> Place -> Police -> BoundPrompt -> MatchRecord -> Price -> Admit
+    -> Insert
 
 In a replay run ``Place`` takes the run's row lock and matches the recorded step at the
 step's position; ``MatchRecord`` serves a step no engine runs again from the record (or
@@ -29,12 +30,13 @@ from orchestrator_core import budgets, clock
 from orchestrator_core.admission import PRIORITY_RANK, AdmissionPolicy, admit, dropped_error
 from orchestrator_core.budgets import BudgetExceeded, Ledger, Limits, Reservation
 from orchestrator_core.canonical import sha256_of
-from orchestrator_core.errors import Conflict, NotFound, PoolUnavailable
+from orchestrator_core.errors import Conflict, NotFound, PoolUnavailable, TooLarge
 from orchestrator_core.generation import LlmInput
 from orchestrator_core.lifecycle import RunStatus, StepStatus, check_run_accepts_steps
 from orchestrator_core.placement import choose_pool
 from orchestrator_core.policy import Decision, PolicyDenied, PolicySubject, RulePolicy, redact_json
 from orchestrator_core.pricing import Price
+from orchestratord import tracing
 from orchestratord.db.models import Flow, Run, Step
 from orchestratord.metrics import Metrics
 from orchestratord.policies import policy_of
@@ -60,6 +62,7 @@ class SubmitContext:
     admission: AdmissionPolicy
     default_cancel_on_disconnect: bool
     metrics: Metrics = field(default_factory=Metrics)
+    max_prompt_chars: int = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -148,6 +151,12 @@ class Place:
     recorded step there; it goes where that step ran."""
 
     async def apply(self, sub: Submission) -> Submitted | None:
+        with tracing.span("step.place", run_id=sub.run_id, kind=sub.body.type) as span:
+            answer = await self._place(sub)
+            tracing.annotate(span, pool=sub.pool_id)
+        return answer
+
+    async def _place(self, sub: Submission) -> Submitted | None:
         run = sub.run
         if run.mode == "record":
             if sub.kind.engine:
@@ -194,6 +203,27 @@ class Police:
         return None
 
 
+class BoundPrompt:
+    """A prompt (or the messages together) is at most ``limits.max_prompt_chars`` long."""
+
+    async def apply(self, sub: Submission) -> Submitted | None:
+        llm, limit = sub.llm, sub.ctx.max_prompt_chars
+        if llm is None:
+            return None
+        if llm.messages is not None:
+            size, field_name = sum(len(m.content) for m in llm.messages), "input.messages"
+        else:
+            size, field_name = len(llm.prompt or ""), "input.prompt"
+        if size > limit:
+            raise TooLarge(
+                f"a prompt is at most {limit} characters, not {size}",
+                limit="limits.max_prompt_chars",
+                value=limit,
+                field=field_name,
+            )
+        return None
+
+
 class MatchRecord:
     """Replay runs: a step no engine runs again is served from the record, or ends with
     ``REPLAY_MISS`` naming every input that differs."""
@@ -217,8 +247,10 @@ class MatchRecord:
 
 
 class Quote:
-    """Engine kinds: the pool's price for the model, and the prompt's tokens by the engine's
-    tokenizer. A strict_replay step needs its recorded replica ready."""
+    """Engine kinds: the price of the model on its pool (the pool's own, else the run's price
+    table; a model with neither runs unpriced, and is refused under a cost budget), and the
+    prompt's tokens by the engine's tokenizer. A strict_replay step needs its recorded replica
+    ready."""
 
     async def apply(self, sub: Submission) -> Submitted | None:
         if not sub.kind.engine:
@@ -228,7 +260,17 @@ class Quote:
         if sub.target is not None:
             _require_ready_replica(pool, sub.target)
         model = sub.stored.get("model") or pool.model_name
-        sub.price = sub.ctx.prices.get(sub.run.price_table).price_for(pool.engine, model)
+        table = sub.run.price_table
+        sub.price = sub.ctx.prices.resolve(table, engine=pool.engine, model=model, own=pool.price)
+        step_budgets = sub.body.budgets.model_dump() if sub.body.budgets else None
+        budgets.require_price(
+            sub.price,
+            run=Limits.from_dict(sub.run.budgets),
+            step=Limits.from_dict(step_budgets),
+            engine=pool.engine,
+            model=model,
+            price_table=table,
+        )
         sub.tokens_in = pool.count_prompt_tokens(sub.llm)
         return None
 
@@ -333,6 +375,7 @@ RULES: tuple[Rule, ...] = (
     ResolveKind(),
     Place(),
     Police(),
+    BoundPrompt(),
     MatchRecord(),
     Quote(),
     Admit(),
@@ -343,10 +386,12 @@ RULES: tuple[Rule, ...] = (
 async def submit_step(tx: Tx, *, run_id: str, body: AnyStepCreate, ctx: SubmitContext) -> Submitted:
     """Store a step once per (run, client_token); a repeat returns the first (created=False)."""
     sub = Submission(tx=tx, ctx=ctx, run_id=run_id, body=body)
-    for rule in RULES:
-        answer = await rule.apply(sub)
-        if answer is not None:
-            return answer
+    with tracing.span("step.submit", run_id=run_id, kind=body.type) as span:
+        for rule in RULES:
+            answer = await rule.apply(sub)
+            if answer is not None:
+                tracing.submitted(span, answer.step, created=answer.created)
+                return answer
     raise AssertionError("the last rule always answers")  # pragma: no cover
 
 

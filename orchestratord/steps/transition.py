@@ -181,7 +181,7 @@ async def end_interrupted(
 
     What it committed stays its output (the text and ids of its committed tokens), and it is
     charged what it used: its prompt once the engine had it (its ``started``), its committed
-    tokens, at ``price`` when known."""
+    tokens, at ``price`` when known (an unpriced model's cost is recorded as unknown)."""
     session = tx.session
     if logged is None:  # the step's events, unless the caller has read them
         logged = await read_all_step_events(session, step.step_id)
@@ -199,7 +199,7 @@ async def end_interrupted(
     seq = (logged[-1].seq or 0) + 1 if logged else 1
     tokens_in = step.tokens_in_reserved if logged else 0
     tokens_out = len(tokens)
-    cost = price.cost(tokens_in, tokens_out, 0.0) if price is not None else 0.0
+    cost = price.charge(tokens_in, tokens_out, 0.0) if price is not None else 0.0
     body = {
         "code": code,
         "message": message,

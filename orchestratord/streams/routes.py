@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator
 
-from fastapi import APIRouter, Depends, Header, Query
+from fastapi import APIRouter, Depends, Header, Query, Request
 
 from contracts.bounds import MAX_INT
 from orchestrator_core.errors import InvalidParams, LimitExceeded
+from orchestrator_core.keys import Principal
+from orchestratord.api.auth import READ
 from orchestratord.api.deps import orchestrator
 from orchestratord.runs.service import get_run
 from orchestratord.runtime import Orchestrator
@@ -18,13 +21,22 @@ from orchestratord.streams.sse import follow_run, follow_step
 router = APIRouter(tags=["streams"])
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no", "Connection": "keep-alive"}
+_EVENT_ID = re.compile(r"-?[0-9]+")  # the ids the streams write: ASCII decimal integers
 
 
-def _resume_from(last_event_id: str | None, after: int | None) -> int:
-    """The first cursor to send: one past ``Last-Event-ID`` (or the ``after`` query)."""
+def _resume_from(
+    last_event_id: str | None, after: int | None, *, raw_after: str | None = None
+) -> int:
+    """The first cursor to send: one past ``Last-Event-ID`` (or the ``after`` query). Both
+    take the ids the streams write, ASCII decimal integers, and nothing else ("+1", "1_0")."""
+    if raw_after is not None and _EVENT_ID.fullmatch(raw_after) is None:
+        raise InvalidParams("must be an integer event id", field="query.after")
     if last_event_id is not None and last_event_id.strip() != "":
+        text = last_event_id.strip()
         try:
-            value = int(last_event_id.strip())
+            if _EVENT_ID.fullmatch(text) is None:  # int() also takes "+1", "1_0", other digits
+                raise ValueError(text)
+            value = int(text)
         except ValueError:
             raise InvalidParams(
                 "must be an integer event id", field="header.Last-Event-ID"
@@ -56,37 +68,46 @@ def _admit(orch: Orchestrator, step_id: str | None) -> None:
         )
 
 
-def _response(body: AsyncIterator[bytes]) -> EventStreamResponse:
+def _response(
+    orch: Orchestrator, principal: Principal | None, body: AsyncIterator[bytes]
+) -> EventStreamResponse:
+    if principal is not None:
+        orch.key_streams.open(principal.key_id)
+        body = orch.key_streams.held(principal.key_id, body)
     return EventStreamResponse(body, headers=SSE_HEADERS)
 
 
 @router.get("/v1/steps/{step_id}/stream", response_class=EventStreamResponse)
 async def stream_step(
+    request: Request,
     step_id: str,
     last_event_id: str | None = Header(default=None),
     after: int | None = Query(
         default=None, ge=-1, le=MAX_INT, description="resume after this seq (-1..2^53-1)"
     ),
     orch: Orchestrator = Depends(orchestrator),
+    principal: Principal | None = READ,
 ) -> EventStreamResponse:
-    start = _resume_from(last_event_id, after)
+    start = _resume_from(last_event_id, after, raw_after=request.query_params.get("after"))
     _admit(orch, step_id)
     async with orch.db.read() as session:
         cod = await cancel_on_disconnect(session, step_id=step_id)
-    return _response(follow_step(orch, step_id, start, cancel_on_disconnect=cod))
+    return _response(orch, principal, follow_step(orch, step_id, start, cancel_on_disconnect=cod))
 
 
 @router.get("/v1/runs/{run_id}/stream", response_class=EventStreamResponse)
 async def stream_run(
+    request: Request,
     run_id: str,
     last_event_id: str | None = Header(default=None),
     after: int | None = Query(
         default=None, ge=-1, le=MAX_INT, description="resume after this run cursor (-1..2^53-1)"
     ),
     orch: Orchestrator = Depends(orchestrator),
+    principal: Principal | None = READ,
 ) -> EventStreamResponse:
-    start = _resume_from(last_event_id, after)
+    start = _resume_from(last_event_id, after, raw_after=request.query_params.get("after"))
     _admit(orch, None)
     async with orch.db.read() as session:
         await get_run(session, run_id=run_id)
-    return _response(follow_run(orch, run_id, start))
+    return _response(orch, principal, follow_run(orch, run_id, start))

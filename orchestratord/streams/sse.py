@@ -67,6 +67,8 @@ async def _follow(
         if events is None or (not events and seen != channel.foreign):
             seen = channel.foreign
             events = await read(cursor, batch)
+            if len(events) >= batch:  # the log may hold more: the tail cannot tell, read on
+                seen = -1
             if not events and ended_before is not None and await ended_before(cursor):
                 state["ended"] = True  # resumed after the terminal event: nothing follows
                 return
@@ -93,6 +95,7 @@ async def _follow(
         if now < look_at:
             if await channel.wait(cursor, min(look_at, ping_at) - now):
                 look_at = None  # something came: the quiet wait starts over
+                seen = -1  # if the tail has nothing at the cursor, the log tells (ended?)
             continue
         look_at = None
         seen = -1  # a quiet wait: look in the log again

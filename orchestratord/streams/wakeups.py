@@ -19,6 +19,7 @@ from sqlalchemy.engine import make_url
 
 from orchestratord.eventlog import WAKE_CHANNEL
 from orchestratord.streams.hub import Hub
+from orchestratord.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -47,10 +48,7 @@ class LogWakeups:
         self._task = asyncio.create_task(self._keep(), name="log-wakeups")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await cancel_and_wait(self._task)
         if self._conn is not None:
             with contextlib.suppress(Exception):
                 await self._conn.close(timeout=2)

@@ -12,6 +12,7 @@ import pytest
 
 from contracts.protos import load
 from test_harness.kakeya_runtime import LlamaTokenEngine, RunningRuntime, serve_kakeya
+from tests.adapters.conftest import ManualClock
 from worker_adapters import AdapterError, EngineFailure, EngineUnavailable, GenerationRequest, Token
 from worker_adapters.kakeya import KakeyaAdapter
 from worker_adapters.sessions import (
@@ -29,21 +30,8 @@ SINK, WINDOW = 2, 40
 PROMPT = "plan step tool call fact "
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 @pytest.fixture
-def clock() -> Clock:
-    return Clock()
-
-
-@pytest.fixture
-async def runtime(clock: Clock) -> AsyncIterator[RunningRuntime]:
+async def runtime(clock: ManualClock) -> AsyncIterator[RunningRuntime]:
     async with serve_kakeya(sink=SINK, window=WINDOW, idle_ttl_s=60.0, clock=clock) as rt:
         yield rt
 
@@ -338,7 +326,7 @@ async def test_fork_copies_a_prefix_of_the_history(
 
 
 async def test_idle_sessions_are_evicted_and_recreated(
-    runtime: RunningRuntime, adapter: KakeyaAdapter, clock: Clock
+    runtime: RunningRuntime, adapter: KakeyaAdapter, clock: ManualClock
 ) -> None:
     session = adapter.open_session()
     await run(adapter, req(session=session))
@@ -349,7 +337,7 @@ async def test_idle_sessions_are_evicted_and_recreated(
     assert session.rebuilds == 1
 
 
-async def test_runtime_validation_rules(runtime: RunningRuntime, clock: Clock) -> None:
+async def test_runtime_validation_rules(runtime: RunningRuntime, clock: ManualClock) -> None:
     async with grpc.aio.insecure_channel(runtime.address) as channel:
         stub = load().kakeya_grpc.RuntimeServiceStub(channel)
         sid = (await stub.CreateSession(PB.CreateSessionRequest())).session_id

@@ -14,6 +14,7 @@ import pytest
 from contracts.protos import load
 from test_harness.kakeya_runtime import LlamaTokenEngine, RunningRuntime
 from test_harness.salience_runtime import serve_salience
+from tests.adapters.conftest import ManualClock
 from worker_adapters import AdapterError, EngineFailure, EngineUnavailable, GenerationRequest, Token
 from worker_adapters.salience import SalienceAdapter
 from worker_adapters.sessions import (
@@ -33,21 +34,8 @@ PROMPT = "plan step tool call fact "
 TOKENIZER = SimTokenizer()
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 @pytest.fixture
-def clock() -> Clock:
-    return Clock()
-
-
-@pytest.fixture
-async def runtime(clock: Clock) -> AsyncIterator[RunningRuntime]:
+async def runtime(clock: ManualClock) -> AsyncIterator[RunningRuntime]:
     async with serve_salience(idle_ttl_s=60.0, clock=clock) as rt:
         yield rt
 
@@ -252,7 +240,7 @@ async def test_fork(runtime: RunningRuntime, adapter: SalienceAdapter) -> None:
 
 
 async def test_idle_eviction(
-    runtime: RunningRuntime, adapter: SalienceAdapter, clock: Clock
+    runtime: RunningRuntime, adapter: SalienceAdapter, clock: ManualClock
 ) -> None:
     session = adapter.open_session()
     await run(adapter, req(session=session))

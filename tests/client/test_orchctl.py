@@ -721,3 +721,37 @@ def test_console_script_replays_against_a_server_process(tmp_path: Path) -> None
         )
         assert refused.returncode == 2
         assert "NOT_FOUND" in refused.stderr
+
+
+def test_api_key_from_env_is_sent(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[str | None] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request.headers.get("authorization"))
+        return httpx.Response(200, json=_report(counts={"identical": 1}))
+
+    monkeypatch.delenv("ORCHCTL_API_KEY", raising=False)
+    assert _run_cli(monkeypatch, handler, "report", "run_r")[0] == 0
+    monkeypatch.setenv("ORCHCTL_API_KEY", "ok_0123456789ab_secret")
+    assert _run_cli(monkeypatch, handler, "report", "run_r")[0] == 0
+    assert seen == [None, "Bearer ok_0123456789ab_secret"]
+
+
+def test_report_against_a_server_with_keys(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from orchestratord.cli import main as server_cli
+
+    url = f"sqlite:///{tmp_path / 'k.db'}"
+    out = io.StringIO()
+    monkeypatch.setattr(sys, "stdout", out)
+    assert server_cli(["keys", "create", "--scope", "read", "--database-url", url]) == 0
+    monkeypatch.undo()
+    key = out.getvalue().strip()
+    with orchestratord(tmp_path, "--engine", "sim", "--database-url", url) as base:
+        monkeypatch.delenv("ORCHCTL_API_KEY", raising=False)
+        o, e = io.StringIO(), io.StringIO()
+        assert orchctl.main(["--url", base, "report", "run_x"], stdout=o, stderr=e) == 2
+        assert "UNAUTHENTICATED" in e.getvalue()
+        monkeypatch.setenv("ORCHCTL_API_KEY", key)
+        o, e = io.StringIO(), io.StringIO()
+        assert orchctl.main(["--url", base, "report", "run_x"], stdout=o, stderr=e) == 2
+        assert "NOT_FOUND" in e.getvalue()  # past auth: the run does not exist

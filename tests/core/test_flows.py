@@ -118,7 +118,7 @@ def test_same_content_same_hash_repeatedly() -> None:
 
 def test_labels_are_not_an_input() -> None:
     params = inspect.signature(normalize_flow).parameters
-    assert set(params) == {"ast", "tools", "config"}
+    assert set(params) == {"ast", "tools", "config", "limits"}  # limits refuse, never hash
     with pytest.raises(TypeError):
         normalize_flow(ast={}, tools=[], config={}, labels={"team": "a"})  # type: ignore[call-arg]
 

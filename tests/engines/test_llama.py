@@ -12,6 +12,7 @@ import pytest
 from tests.procs import orchestratord
 from worker_adapters import Finish, GenerationRequest, Token
 from worker_adapters.llama import LlamaAdapter
+from worker_adapters.transcript import TURN_STOPS, render_transcript
 
 pytestmark = pytest.mark.slow
 
@@ -98,6 +99,39 @@ async def test_chat_stop_and_logprobs(adapter: LlamaAdapter) -> None:
         )
         assert f2.stop_reason == "stop"
         assert "".join(t.text for t in cut) == text[: text.index(stop)]
+
+
+TWO_TURNS = (
+    {"role": "system", "content": "You answer briefly."},
+    {"role": "user", "content": "What is the capital of France?"},
+    {"role": "assistant", "content": "Paris."},
+    {"role": "user", "content": "And of Italy?"},
+)
+
+
+async def test_messages_get_a_reply_without_a_made_up_next_turn(adapter: LlamaAdapter) -> None:
+    # the packaged file has no chat template: its messages are rendered as a transcript
+    assert "chat_transcript" in (await adapter.capabilities()).features
+    tokens, finish = await run(
+        adapter, req(7, prompt=None, messages=TWO_TURNS, temperature=0.0, max_tokens=64)
+    )
+    reply = "".join(t.text for t in tokens)
+    assert reply.strip() and "User:" not in reply and "Assistant:" not in reply
+    assert finish.stop_reason == "eos"
+    # the same transcript as a plain prompt: the model goes on to write the user's next turn,
+    # and the reply above is exactly what it wrote before it
+    transcript = render_transcript(TWO_TURNS).prompt
+    plain, _ = await run(adapter, req(7, prompt=transcript, temperature=0.0, max_tokens=64))
+    text = "".join(t.text for t in plain)
+    assert "\nUser:" in text
+    assert text[: min(text.find(s) for s in TURN_STOPS if s in text)] == reply
+    assert finish.tokens_in == adapter.count_tokens(req(7, prompt=None, messages=TWO_TURNS))
+
+
+async def test_equal_messages_give_equal_tokens(adapter: LlamaAdapter) -> None:
+    a, _ = await run(adapter, req(8, prompt=None, messages=TWO_TURNS, max_tokens=16))
+    b, _ = await run(adapter, req(8, prompt=None, messages=TWO_TURNS, max_tokens=16))
+    assert [t.token_id for t in a] == [t.token_id for t in b] and a
 
 
 async def test_cancel_stops_decoding(adapter: LlamaAdapter) -> None:

@@ -63,7 +63,7 @@ async def test_the_grammar_takes_the_whole_plan_schema(adapter: LlamaAdapter, se
         messages=tuple(messages),
         seed=seed,
         max_tokens=200,
-        temperature=0.8,
+        temperature=0.5,  # the 270M base model loops on calls now and then at 0.8
         json_schema=schema,
     )
     events = [e async for e in adapter.stream(request)]

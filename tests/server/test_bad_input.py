@@ -518,3 +518,18 @@ async def test_stream_cursors_beyond_the_bound_are_refused(
     assert events
     assert events[0].id == "1"
     await assert_reads_back(client, a)
+
+
+async def test_numeric_strings_are_read_as_numbers(client: httpx.AsyncClient) -> None:
+    """Lax on purpose (docs/auth-and-limits.md): "5" is 5, stored and hashed as 5, so the
+    two spellings are one request."""
+    run_id = await make_run(client)
+    body: dict[str, Any] = {"type": "llm_call", "client_token": "c", "input": {"prompt": "hi"}}
+    body["input"]["params"] = {"max_tokens": "5"}
+    first = await client.post(f"/v1/runs/{run_id}/steps", json=body)
+    assert first.status_code == 202, first.text
+    body["input"]["params"] = {"max_tokens": 5}
+    again = await client.post(f"/v1/runs/{run_id}/steps", json=body)
+    assert again.status_code == 200 and again.json()["step_id"] == first.json()["step_id"]
+    step = (await client.get(f"/v1/steps/{first.json()['step_id']}")).json()
+    assert step["input"]["params"]["max_tokens"] == 5

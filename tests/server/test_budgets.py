@@ -190,12 +190,13 @@ async def test_cost_budget_and_pinned_price_table(db_url: str, priced: Path) -> 
 
 
 async def test_unpriced_model_is_refused_not_free(db_url: str, tmp_path: Path) -> None:
+    """Under a cost budget; without one it runs (tests/server/test_own_model_pricing.py)."""
     d = tmp_path / "p"
     d.mkdir()
     (d / "2026-01-01.yaml").write_text('version: "2026-01-01"\nunpriced: refuse\nentries: []\n')
     orch, client = await _priced_client(db_url, d)
     try:
-        run_id = await make_run(client)
+        run_id = await make_run(client, budgets={"max_cost_usd": 1.0})
         r = await submit(client, run_id)
         assert r.status_code == 422
         assert r.json()["code"] == "PRICE_UNKNOWN"

@@ -123,6 +123,13 @@ HOSTILE: list[tuple[str, dict[str, Any], dict[str, Any], str]] = [
     ),
     ("very long name", {"op": "write", "path": LONG, "content": "x"}, {}, "invalid_path"),
     ("very long path", {"op": "read", "path": "a/" * 2100}, {}, "invalid_path"),
+    # the broker's temporary names: unlisted and outside quotas, so no path may use them
+    (
+        "broker temporary name",
+        {"op": "write", "path": "d/.~fs-0123abcd", "content": "x" * 100},
+        {"quota_bytes": 10},
+        "invalid_path",
+    ),
 ]
 
 

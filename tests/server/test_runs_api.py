@@ -24,7 +24,13 @@ async def test_create_and_get_run(client: httpx.AsyncClient) -> None:
     assert run["seed"] == 9
     assert run["budgets"]["max_tokens_out"] == 100
     assert run["pool_policy"] == {"pin": "local"}
-    assert run["usage"] == {"tokens_in": 0, "tokens_out": 0, "cost_usd": 0.0}
+    assert run["usage"] == {
+        "tokens_in": 0,
+        "tokens_out": 0,
+        "cost_usd": 0.0,
+        "priced_cost_usd": 0.0,
+        "unpriced_steps": 0,
+    }
     got = (await client.get(f"/v1/runs/{run['run_id']}")).json()
     assert got == run
 

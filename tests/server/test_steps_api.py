@@ -37,6 +37,7 @@ async def test_step_record_has_output_usage_and_provenance(client: httpx.AsyncCl
         "cost_usd",
         "decode_time_ms",
         "price_table",
+        "price",
         "policy_hash",
         "model",
     }
@@ -47,6 +48,7 @@ async def test_step_record_has_output_usage_and_provenance(client: httpx.AsyncCl
     assert (prov["pool_id"], prov["replica_id"]) == ("local", "r0")
     assert prov["tokens_out"] == 12 and prov["tokens_in"] >= 1
     assert prov["cost_usd"] == 0.0
+    assert prov["price"] == {"source": "table", "entry": 0, "free": True}
     assert prov["decode_time_ms"] >= 0
     events = await read_stream(client, f"/v1/steps/{step_id}/stream")
     assert events[-1].data is not None

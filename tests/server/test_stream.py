@@ -76,6 +76,11 @@ async def test_bad_last_event_id(live: httpx.AsyncClient) -> None:
     r = await live.get(f"/v1/steps/{step_id}/stream", headers={"Last-Event-ID": "abc"})
     assert r.status_code == 422
     assert r.json()["details"]["errors"][0]["field"] == "header.Last-Event-ID"
+    # the after query takes the same ids, no looser spelling of them
+    for after in ("+1", "1_0", "\u0661", " 1"):
+        r = await live.get(f"/v1/steps/{step_id}/stream", params={"after": after})
+        assert r.status_code == 422, (after, r.text)
+        assert r.json()["details"]["errors"][0]["field"] == "query.after"
 
 
 async def test_resume_mid_flight_has_no_gap_or_duplicate(db_url: str) -> None:

@@ -213,7 +213,7 @@ async def test_another_bundle_of_a_stored_run_conflicts(
     assert (await second.client.post("/v1/runs:import", json=bundle)).status_code == 201
     counts = await row_counts(second.orch)
     changed = copy.deepcopy(bundle)
-    changed["steps"][0]["output"]["text"] += "!"
+    changed["steps"][0]["client_token"] = "another-token"
     r = await second.client.post("/v1/runs:import", json=changed)
     assert r.status_code == 409, r.text
     assert r.json()["code"] == "CONFLICT" and r.json()["details"]["run_id"] == run_id

@@ -22,6 +22,7 @@ from orchestrator_core.generation import LlmInput
 from orchestrator_core.policy import PolicySubject
 from orchestrator_core.pricing import Price
 from orchestrator_core.replay import StepKey
+from orchestratord.scrubbing import scrub_event
 from orchestratord.steps.ending import Ending
 
 if TYPE_CHECKING:
@@ -52,12 +53,12 @@ class StepContext:
     budget_stop: bool = False
 
     def emit(self, event: EventBase) -> None:
-        self.log.emit(event)
+        self.log.emit(scrub_event(event, self.services.scrubber))
 
     def emit_escalation(self, transition: Transition) -> None:
         """A breaker changed state during this step: an ``escalation`` event on its stream
         (and so on its run's), and a log line for operators."""
-        body = transition.as_event()
+        body = self.services.scrubber.value(transition.as_event())  # its reason quotes errors
         escalation_log.warning(
             "circuit %s is %s",
             body["target"],

@@ -22,6 +22,7 @@ from orchestrator_core import clock
 from orchestrator_core.gates import MAX_FACTS, Gate, GateExprInvalid, compile_gate
 from orchestratord.db.engine import Database
 from orchestratord.db.models import Fact, Flow, Run
+from orchestratord.runs.ledger import usage_of
 from orchestratord.steps.ending import Ending
 from orchestratord.steps.kinds.base import StepContext
 from orchestratord.steps.kinds.control import ControlKind, ControlRun, new_fact
@@ -99,11 +100,7 @@ async def _activation(db: Database, run_id: str) -> tuple[list[dict[str, Any]], 
         ]
         view = {
             "run_id": run.run_id,
-            "usage": {
-                "tokens_in": run.tokens_in_used,
-                "tokens_out": run.tokens_out_used,
-                "cost_usd": run.cost_used_usd,
-            },
+            "usage": usage_of(run),
             "budgets": run.budgets,
         }
     return facts, view

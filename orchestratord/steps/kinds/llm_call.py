@@ -41,6 +41,7 @@ from orchestrator_core.generation import LlmInput, llm_input_of
 from orchestrator_core.lifecycle import StepStatus
 from orchestrator_core.policy import PolicySubject, StreamRedactor
 from orchestrator_core.replay import ReplayDiverged, StepKey, StreamComparator
+from orchestratord import tracing
 from orchestratord.db.models import Flow
 from orchestratord.engine_requests import generation_request
 from orchestratord.policies import policy_of
@@ -66,7 +67,7 @@ class _ReplayStop(Exception):
 class _Usage:
     tokens_in: int
     tokens_out: int
-    cost_usd: float
+    cost_usd: float | None  # None: the model has no price
 
 
 @dataclass
@@ -161,6 +162,14 @@ class _LlmRun:
                 replay_of=step.replay_of,
             )
         )
+        if not self.price.priced:
+            ctx.emit(
+                NarrationEvent(
+                    text=f"model {model!r} on pool {self.pool.pool_id!r} has no price (not in"
+                    f" price table {run.price_table}, no price on the pool): its cost is not"
+                    " tracked, cost_usd is null"
+                )
+            )
         granted = step.max_tokens_granted or llm.params.max_tokens
         if step.budget_clamped and granted < llm.params.max_tokens:
             asked = llm.params.max_tokens
@@ -188,9 +197,16 @@ class _LlmRun:
         if permit is not None:
             if permit.transition is not None:
                 ctx.emit_escalation(permit.transition)
-            async with self._session(request) as bound:
-                stopped, error, replay_stop = await self._stream(
-                    bound, progress, redactor, comparator
+            with tracing.span("engine.call", step, replica=replica.replica_id) as call:
+                async with self._session(request) as bound:
+                    stopped, error, replay_stop = await self._stream(
+                        bound, progress, redactor, comparator
+                    )
+                tracing.annotate(
+                    call,
+                    tokens_out=len(progress.parts),
+                    stopped=stopped,
+                    error=None if error is None else ctx.services.scrubber.text(error.message),
                 )
             # only a replica's own trouble counts (5xx, timeouts, a dead connection): a
             # request it refused (4xx) says nothing about its health
@@ -210,7 +226,7 @@ class _LlmRun:
         tokens_out = len(progress.parts)
         tokens_in = finish.tokens_in if finish else 0
         self._observe(progress, started, decode_s, tokens_in, tokens_out)
-        cost = self.price.cost(tokens_in, tokens_out, decode_s)
+        cost = self.price.charge(tokens_in, tokens_out, decode_s)
         provenance = {
             **determinism,
             "tokens_in": tokens_in,
@@ -218,6 +234,7 @@ class _LlmRun:
             "cost_usd": cost,
             "decode_time_ms": round(decode_s * 1000, 3),
             "price_table": run.price_table,
+            "price": self.price.describe(),
             "policy_hash": run.policy_hash,
         }
         text = "".join(progress.parts)
@@ -457,6 +474,7 @@ class _LlmRun:
                 )
             if not progress.parts:
                 progress.first_at = clock.clock.monotonic()
+                tracing.event("first_token")
             progress.parts.append(text)
             progress.token_ids.append(token.token_id)
             if comparator is not None and comparator.at_cap:

@@ -1,0 +1,128 @@
+"""Every route declares its scope; a key proves it.
+
+Routes carry one of ``READ``, ``WRITE`` or ``ADMIN`` in their ``dependencies``. The
+``AuthMiddleware`` (pure ASGI, so it answers before any body is read) finds the route's
+scope, checks the ``Authorization: Bearer`` key and counts the request against the key's
+rate. A path no route serves needs ``read``. ``/healthz`` (and ``/metrics`` while
+``auth.open_metrics``) answer without a key. With auth off the middleware costs one cached
+check.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Iterable, Iterator
+from typing import Any
+
+from fastapi import Depends, Request
+from fastapi.routing import APIRoute
+from starlette.routing import BaseRoute, Match
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from orchestrator_core import keys
+from orchestrator_core.errors import Forbidden, OrchestratorError, Unauthenticated
+from orchestrator_core.keys import Principal
+from orchestratord.api.errors import error_response, status_of
+
+PRINCIPAL = "orchestratord.principal"
+
+
+def _requires(scope: keys.Scope) -> Callable[[Request], Awaitable[Principal | None]]:
+    async def check(request: Request) -> Principal | None:
+        """The request's principal (None while auth is off); the middleware checked it."""
+        principal: Principal | None = request.scope.get(PRINCIPAL)
+        if principal is None:
+            guard = request.app.state.orchestrator.auth
+            if guard.on and request.scope["path"] not in guard.open_paths:
+                raise Unauthenticated("no valid API key: send Authorization: Bearer <key>")
+            return None
+        if not principal.allows(scope):
+            raise _forbidden(principal, scope)
+        return principal
+
+    check.scope = scope  # type: ignore[attr-defined]
+    return check
+
+
+READ: Any = Depends(_requires(keys.Scope.READ))
+WRITE: Any = Depends(_requires(keys.Scope.WRITE))
+ADMIN: Any = Depends(_requires(keys.Scope.ADMIN))
+
+
+def principal_of(request: Request) -> Principal | None:
+    principal: Principal | None = request.scope.get(PRINCIPAL)
+    return principal
+
+
+def api_routes(routes: Iterable[BaseRoute]) -> Iterator[APIRoute]:
+    """Every ``APIRoute``, also inside included routers (newer FastAPI keeps them nested;
+    the routers here are included without a prefix)."""
+    for route in routes:
+        if isinstance(route, APIRoute):
+            yield route
+        elif (inner := getattr(route, "original_router", None)) is not None:
+            yield from api_routes(inner.routes)
+
+
+def declared_scope(route: APIRoute) -> keys.Scope | None:
+    """The scope a route declares in its dependencies, if it declares one."""
+    found = [
+        getattr(d.call, "scope")  # noqa: B009 (a function attribute mypy does not know)
+        for d in route.dependant.dependencies
+        if hasattr(d.call, "scope")
+    ]
+    return found[0] if len(found) == 1 else None
+
+
+def _forbidden(principal: Principal, required: keys.Scope) -> Forbidden:
+    return Forbidden(
+        f"key {principal.key_id} has scope {principal.scope.label}; this needs {required.label}",
+        required=required.label,
+        scope=principal.scope.label,
+    )
+
+
+class AuthMiddleware:
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+        self._table: list[tuple[APIRoute, keys.Scope]] | None = None
+
+    def _required(self, scope: Scope) -> keys.Scope:
+        if self._table is None:
+            self._table = [
+                (r, s)
+                for r in api_routes(scope["app"].routes)
+                if (s := declared_scope(r)) is not None
+            ]
+        for route, required in self._table:
+            match, _ = route.matches(scope)
+            if match is Match.FULL:
+                return required
+        return keys.Scope.READ
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        orch = scope["app"].state.orchestrator
+        guard = orch.auth
+        if not await guard.enabled() or scope["path"] in guard.open_paths:
+            await self.app(scope, receive, send)
+            return
+        header = None
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                header = value.decode("latin-1")
+                break
+        try:
+            principal = await guard.principal(keys.bearer(header))
+            required = self._required(scope)
+            if not principal.allows(required):
+                raise _forbidden(principal, required)
+            orch.rates.request(principal.key_id)
+        except OrchestratorError as exc:
+            orch.metrics.refusals.labels(exc.code).inc()
+            headers = {"WWW-Authenticate": "Bearer"} if isinstance(exc, Unauthenticated) else None
+            await error_response(status_of(exc), exc.body(), headers)(scope, receive, send)
+            return
+        scope[PRINCIPAL] = principal
+        await self.app(scope, receive, send)

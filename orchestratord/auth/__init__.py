@@ -1,0 +1,1 @@
+"""API keys: their rows (store), who a request acts for (guard), per-key rates (ledger)."""
