@@ -7,7 +7,9 @@ Claims are atomic (``UPDATE ... WHERE status='queued'`` after ``SELECT ... FOR U
 LOCKED`` on PostgreSQL), so several processes can share one database without running a step
 twice. A claim leases the step to this process (``steps/leases.py``; the lease keeper in
 ``reaper.py`` renews it). A replica never gets more concurrent requests than its slots.
-Cancels requested through another process are picked up by polling ``cancel_requested``.
+A cancel made through this process reaches its execution directly; one requested through
+another process is picked up by polling ``cancel_requested`` at most once per ``poll_s``
+(not on every wake: under load a wake comes with every submission and every ended step).
 """
 
 from __future__ import annotations
@@ -55,6 +57,12 @@ class Dispatcher:
         # (a step submitted through another process).
         self._control_hint = True
         self._pool_hint = True
+        # Pools whose last claim round may have left steps queued (it filled every free slot,
+        # or a step waits for its pinned replica). On SQLite this process sees every
+        # submission (each wakes it), so a freed slot of a pool whose queue the last round
+        # drained needs no claim round; on PostgreSQL other processes submit too, so a freed
+        # slot always looks.
+        self._backlog: dict[str, bool] = {}
         self.prices = prices
         self.pools = pools
         self.writer = writer
@@ -63,6 +71,7 @@ class Dispatcher:
         self._wake = asyncio.Event()
         self._stopping = False
         self._task: asyncio.Task[None] | None = None
+        self._cancels_at = float("-inf")  # when to look for other processes' cancels next
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._loop(), name="dispatcher")
@@ -137,6 +146,7 @@ class Dispatcher:
         pools = list(self.pools.pools.values()) if self._pool_hint else []
         self._pool_hint = False
         for pool in pools:
+            waiting = True  # a full pool: steps may be queued behind it
             while (free := pool.free_slots) > 0:
                 claimed: list[tuple[ClaimedStep, Replica]] = []
                 try:
@@ -171,8 +181,10 @@ class Dispatcher:
                     raise
                 self._start([item for item, _ in claimed])
                 started += len(claimed)
+                waiting = len(rows) >= free or len(claimed) < len(rows)
                 if len(rows) < free or not claimed:
                     break
+            self._backlog[pool.pool_id] = waiting
         return started + await self._dispatch_control()
 
     async def _dispatch_control(self) -> int:
@@ -206,15 +218,20 @@ class Dispatcher:
             del self.executions[execution.step_id]
         if execution.pool is not None and execution.replica is not None:
             execution.pool.release(execution.replica)
-            self.wake()
+            if not self.db.is_sqlite or self._backlog.get(execution.pool.pool_id, True):
+                self.wake()
         else:
             self._control_running -= 1
             self.wake(control=True)
 
     async def _poll_cancels(self) -> None:
+        now = asyncio.get_running_loop().time()
+        if now < self._cancels_at:
+            return
         local = [sid for sid, e in self.executions.items() if not e.cancel_event.is_set()]
         if not local:
             return
+        self._cancels_at = now + self.poll_s
         async with self.db.read() as session:
             for step_id in await cancel_requested_among(session, step_ids=local):
                 self.cancel(step_id)

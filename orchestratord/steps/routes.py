@@ -8,7 +8,6 @@ from orchestrator_core.keys import Principal
 from orchestratord.api.auth import READ, WRITE
 from orchestratord.api.budget_headers import set_budget_headers
 from orchestratord.api.deps import orchestrator
-from orchestratord.db.models import Run
 from orchestratord.runs.service import get_run
 from orchestratord.runtime import Orchestrator
 from orchestratord.steps.kinds import kind_of
@@ -38,9 +37,7 @@ async def submit_step(
     async with orch.tx() as tx:
         done = await submit(tx, run_id=run_id, body=typed, ctx=orch.submit_context)
         out = StepAccepted(step_id=done.step.step_id, status=step_view(done.step)["status"])
-        run = await tx.session.get(Run, run_id)
-        assert run is not None
-        set_budget_headers(response, run, done.ledger)
+        set_budget_headers(response, done.run, done.ledger)
     if done.created:
         if principal is not None:
             step = done.step

@@ -70,6 +70,7 @@ class Submitted:
     step: Step
     created: bool
     ledger: Ledger  # the run's account after this submission
+    run: Run  # as the submission read it (its budgets and creation time do not change)
 
 
 @dataclass
@@ -102,7 +103,9 @@ class Submission:
         return self.session.get_bind().dialect.name == "sqlite"
 
     def repeat(self, step: Step) -> Submitted:
-        return Submitted(same_request(step, self.request_hash), False, ledger_of(self.run))
+        return Submitted(
+            same_request(step, self.request_hash), False, ledger_of(self.run), self.run
+        )
 
 
 class Rule(Protocol):
@@ -304,7 +307,7 @@ class Insert:
     async def apply(self, sub: Submission) -> Submitted | None:
         if sub.sqlite:  # writes are serialized: the token check above cannot be raced
             step, ledger = await self._reserve_and_insert(sub)
-            return Submitted(step, True, ledger)
+            return Submitted(step, True, ledger, sub.run)
         try:
             async with sub.session.begin_nested():
                 step, ledger = await self._reserve_and_insert(sub)
@@ -313,7 +316,7 @@ class Insert:
             if existing is None:
                 raise
             return sub.repeat(existing)
-        return Submitted(step, True, ledger)
+        return Submitted(step, True, ledger, sub.run)
 
     def _plan(self, sub: Submission, ledger: Ledger) -> Reservation:
         run = sub.run
@@ -462,7 +465,7 @@ async def _submit_unexecuted(sub: Submission, target: ReplayTarget) -> Submitted
     else:
         assert target.recorded is not None
         await serve_recorded(sub.tx, step=step, recorded=target.recorded)
-    return Submitted(step, True, await read_ledger(session, run_id=run.run_id))
+    return Submitted(step, True, await read_ledger(session, run_id=run.run_id), run)
 
 
 def enforce_logged(run_id: str, policy: RulePolicy, subject: PolicySubject) -> Decision:

@@ -1,10 +1,16 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import httpx
+import sqlalchemy as sa
 
+from orchestratord.api.app import create_app
+from orchestratord.db.models import Step
 from orchestratord.runtime import Orchestrator
+from test_harness.servers import serve_app
+from tests.conftest import make_settings
 from tests.helpers import make_run, parse_sse, read_stream, submit, wait_status
 from worker_adapters.sim import SimAdapter
 
@@ -115,3 +121,58 @@ async def test_replica_never_exceeds_its_slots(live: httpx.AsyncClient, orch: Or
         await wait_status(live, sid, "succeeded")
     watcher.cancel()
     assert 1 <= peak <= 3
+
+
+async def _running_step(orch: Orchestrator, live: httpx.AsyncClient) -> str:
+    _slow(orch, rate=20.0)
+    run_id = await make_run(live)
+    step_id: str = (await submit(live, run_id, max_tokens=1000)).json()["step_id"]
+    await wait_status(live, step_id, "running")
+    return step_id
+
+
+async def _request_cancel_as_another_process(orch: Orchestrator, step_id: str) -> None:
+    """What a cancel through another process leaves here: the flag, and no call."""
+    async with orch.db.write() as session:
+        await session.execute(
+            sa.update(Step).where(Step.step_id == step_id).values(cancel_requested=True)
+        )
+
+
+async def test_a_cancel_made_through_another_process_is_picked_up(
+    live: httpx.AsyncClient, orch: Orchestrator
+) -> None:
+    step_id = await _running_step(orch, live)
+    await _request_cancel_as_another_process(orch, step_id)
+    step = await wait_status(live, step_id, "cancelled")  # within the dispatcher's poll_s
+    assert 0 < step["usage"]["tokens_out"] < 1000
+
+
+async def test_wakes_do_not_each_look_for_cancels(db_url: str) -> None:
+    """Under load a wake comes with every submission and every ended step; the look for
+    other processes' cancels is a read each time, so it runs once per poll_s, not per wake."""
+    orch = Orchestrator(make_settings(db_url, dispatch={"poll_s": 60.0}))
+    await orch.start()
+    looks = 0
+
+    def count(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        nonlocal looks
+        looks += statement.startswith("SELECT steps.step_id") and "cancel_requested IS" in statement
+
+    try:
+        async with (
+            serve_app(create_app(orchestrator=orch)) as url,
+            httpx.AsyncClient(base_url=url, timeout=30) as live,
+        ):
+            step_id = await _running_step(orch, live)
+            sa.event.listen(orch.db.engine.sync_engine, "before_cursor_execute", count)
+            for _ in range(50):
+                orch.dispatcher.wake()
+                await asyncio.sleep(0.005)
+            sa.event.remove(orch.db.engine.sync_engine, "before_cursor_execute", count)
+            assert looks <= 1
+            # a cancel through this process still reaches the step at once
+            assert (await live.post(f"/v1/steps/{step_id}/cancel")).status_code == 202
+            await wait_status(live, step_id, "cancelled")
+    finally:
+        await orch.stop()
