@@ -181,7 +181,8 @@ class Dispatcher:
                     raise
                 self._start([item for item, _ in claimed])
                 started += len(claimed)
-                waiting = len(rows) >= free or len(claimed) < len(rows)
+                # passed over (pinned to a full replica, in SQL or here) or not all read
+                waiting = len(rows) >= free or len(claimed) < len(rows) or bool(full)
                 if len(rows) < free or not claimed:
                     break
             self._backlog[pool.pool_id] = waiting

@@ -65,8 +65,9 @@ def create_app(
         return {"status": "ok", "version": __version__}
 
     limits = (settings or (orchestrator.settings if orchestrator else Settings())).limits
-    app.add_middleware(AuthMiddleware)
+    # the last added runs first: a key is checked before any body is read
     app.add_middleware(BodyLimitMiddleware, max_bytes=limits.max_body_bytes)
+    app.add_middleware(AuthMiddleware)
     app.add_middleware(CorrelationIdMiddleware)
     app.add_middleware(RequestSpanMiddleware)  # outside: sees the final status and id
     return app

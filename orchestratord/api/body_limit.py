@@ -31,14 +31,20 @@ class BodyLimitMiddleware:
             await self.app(scope, receive, send)
             return
         limit = self.max_bytes
+        declared: bytes | None = None
         for name, value in scope["headers"]:
+            if name == b"transfer-encoding":  # chunked: a Content-Length beside it means nothing
+                declared = None
+                break
             if name == b"content-length":
-                # the server reads no more than declared, so the declaration is the size
-                if value.isdigit() and int(value) > limit:
-                    await self._refuse(scope, receive, send)
-                    return
-                await self.app(scope, receive, send)
+                declared = value
+        if declared is not None:
+            # the server reads no more than declared, so the declaration is the size
+            if declared.isdigit() and int(declared) > limit:
+                await self._refuse(scope, receive, send)
                 return
+            await self.app(scope, receive, send)
+            return
         # chunked: read it here (it would be read whole anyway), then hand it on
         chunks: list[bytes] = []
         seen = 0

@@ -19,6 +19,7 @@ from orchestratord.db.engine import Database
 
 _MAX_CACHED = 10_000
 _ANY = "no valid API key: send Authorization: Bearer <key>"
+_MALFORMED = "API key not valid (unknown, revoked or malformed)"
 
 
 @dataclass(slots=True)
@@ -70,6 +71,8 @@ class KeyGuard:
         """The key's principal, or ``Unauthenticated``."""
         if text is None:
             raise Unauthenticated(_ANY)
+        if keys.parse(text) is None:  # not a key's shape: refused without a cache entry
+            raise Unauthenticated(_MALFORMED)
         t = clock.monotonic()
         entry = self._cache.get(text)
         if entry is None or t >= entry.until:
@@ -78,7 +81,7 @@ class KeyGuard:
                 self._cache.clear()
             self._cache[text] = entry
         if entry.principal is None:
-            raise Unauthenticated("API key not valid (unknown, revoked or malformed)")
+            raise Unauthenticated(_MALFORMED)
         return entry.principal
 
     async def _verify(self, text: str) -> Principal | None:

@@ -111,15 +111,23 @@ class KeyRates:
         try:
             if pending:
                 await self._add(pending, current)
-            async with self.db.read() as session:
-                rows = await session.execute(_TOTALS, {"minute": current})
-                for key_id, minute, requests, tokens in rows:
-                    self._known[(key_id, minute)] = [requests, tokens]
         except Exception:
             log.exception("key usage not flushed; counted again next time")
             for key, (requests, tokens) in pending.items():
                 self._pending[key][0] += requests
                 self._pending[key][1] += tokens
+            return
+        try:
+            async with self.db.read() as session:
+                rows = await session.execute(_TOTALS, {"minute": current})
+                for key_id, minute, requests, tokens in rows:
+                    self._known[(key_id, minute)] = [requests, tokens]
+        except Exception:  # added: until the next read, count what this process added
+            log.exception("key usage totals not read; read again next time")
+            for key, (requests, tokens) in pending.items():
+                known = self._known.setdefault(key, [0, 0])
+                known[0] += requests
+                known[1] += tokens
 
     async def _add(self, pending: dict[tuple[str, int], list[int]], current: int) -> None:
         """One upsert per key and minute: the counts add up whatever other processes wrote."""

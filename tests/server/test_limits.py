@@ -13,6 +13,7 @@ import sqlalchemy as sa
 from orchestrator_core.errors import LimitExceeded
 from orchestrator_core.keys import Scope
 from orchestratord.api.app import create_app
+from orchestratord.api.body_limit import BodyLimitMiddleware
 from orchestratord.auth import store
 from orchestratord.auth.streams import KeyStreams
 from orchestratord.db.engine import Database
@@ -78,6 +79,62 @@ async def test_body_size(client: httpx.AsyncClient) -> None:
         "/v1/flows", content=small(), headers={"content-type": "application/json"}
     )
     assert r.status_code == 201, r.text
+
+
+async def test_a_content_length_beside_chunked_transfer_is_not_taken_as_the_size() -> None:
+    """Some HTTP servers (h11) read such a body as chunked and keep the header: the
+    middleware counts the body then, whatever the header declares."""
+    reached: list[bytes] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        reached.append((await receive())["body"])
+
+    limited = BodyLimitMiddleware(app, max_bytes=100)
+    chunks = [b"x" * 60, b"x" * 60]
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": chunks.pop(0), "more_body": bool(chunks)}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/v1/flows",
+        "headers": [(b"content-length", b"5"), (b"transfer-encoding", b"chunked")],
+    }
+    await limited(scope, receive, send)
+    assert reached == []
+    assert sent[0]["status"] == 413
+
+
+async def test_a_key_is_asked_for_before_a_body_is_read(db_url: str) -> None:
+    """Without a key, a large chunked body is answered 401, not read up to the size limit."""
+    orch = Orchestrator(make_settings(db_url, limits={"max_body_bytes": 4096}))
+    await orch.start()
+    try:
+        async with orch.db.write() as session:
+            await store.create(session, scope=Scope.WRITE, name="someone")
+
+        async def chunked() -> AsyncIterator[bytes]:
+            for _ in range(10):
+                yield b"x" * 1000
+
+        app = create_app(orchestrator=orch)
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://t"
+        ) as c:
+            r = await c.post("/v1/flows", content=chunked())
+            assert r.status_code == 401, r.text
+            assert r.json()["code"] == "UNAUTHENTICATED"
+            for i in range(5):  # text that is no key's shape takes no room in the key cache
+                r = await c.get("/v1/pools", headers={"Authorization": f"Bearer junk-{i}"})
+                assert r.status_code == 401
+            assert orch.auth._cache == {}
+    finally:
+        await orch.stop()
 
 
 async def test_prompt_length(client: httpx.AsyncClient) -> None:
