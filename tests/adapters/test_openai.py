@@ -154,3 +154,31 @@ async def test_health_and_capabilities(fake: tuple[FakeState, OpenAIAdapter]) ->
     assert caps.context_size == 2048
     assert caps.model_hash.startswith("sha256:")
     assert "sk-secret" not in repr(adapter) and "sk-secret" not in str(caps.as_dict())
+
+
+class _ImportWatch:
+    """A meta path finder that only records the modules the import system went looking for."""
+
+    def __init__(self) -> None:
+        self.looked_up: list[str] = []
+
+    def find_spec(self, name: str, path: object = None, target: object = None) -> None:
+        self.looked_up.append(name)
+        return None
+
+
+async def test_a_request_searches_for_no_module(fake: tuple[FakeState, OpenAIAdapter]) -> None:
+    """httpcore sets up its request locks with an ``import sniffio``; were it missing, every
+    request would search the file system for it (a failed import is not cached)."""
+    import sys
+
+    _, adapter = fake
+    await collect(adapter, req())  # warm: the first request may import what it needs once
+    watch = _ImportWatch()
+    sys.meta_path.insert(0, watch)
+    try:
+        for i in range(3):
+            await collect(adapter, req(request_id=f"r{i}"))
+    finally:
+        sys.meta_path.remove(watch)
+    assert watch.looked_up == []
