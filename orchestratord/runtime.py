@@ -235,6 +235,12 @@ class Orchestrator:
         for callback in tx.callbacks:
             callback()
 
+    @property
+    def hub_sees_every_write(self) -> bool:
+        """Every commit reaches the hub: published by this process (one process on SQLite),
+        or poking it through live wake-ups."""
+        return self.db.is_sqlite or (self.wakeups is not None and self.wakeups.live)
+
     async def cancel_step(self, step_id: str) -> str:
         async with self.tx() as tx:
             status, running = await cancel_step(tx, step_id=step_id)

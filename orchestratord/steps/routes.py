@@ -34,10 +34,21 @@ async def submit_step(
     typed: AnyStepCreate = body
     if principal is not None:
         orch.rates.check_tokens(principal.key_id)
-    async with orch.tx() as tx:
-        done = await submit(tx, run_id=run_id, body=typed, ctx=orch.submit_context)
-        out = StepAccepted(step_id=done.step.step_id, status=step_view(done.step)["status"])
-        set_budget_headers(response, done.run, done.ledger)
+    expected: str | None = None
+    try:
+        async with orch.tx() as tx:
+            done = await submit(tx, run_id=run_id, body=typed, ctx=orch.submit_context)
+            step = done.step
+            out = StepAccepted(step_id=step.step_id, status=step_view(step)["status"])
+            set_budget_headers(response, done.run, done.ledger)
+            if done.created and out.status == "queued" and orch.hub_sees_every_write:
+                # its log is empty until this commits: its streams start from memory
+                expected = step.step_id
+                orch.hub.expect_step(expected, cancel_on_disconnect=step.cancel_on_disconnect)
+    except BaseException:
+        if expected is not None:
+            orch.hub.forget_step(expected)
+        raise
     if done.created:
         if principal is not None:
             step = done.step

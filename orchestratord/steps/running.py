@@ -85,6 +85,14 @@ class Execution:
         self.cancel_event.set()
 
     async def _guarded(self) -> None:
+        step = self.claimed.step
+        # its streams are served from memory while they keep up (the step's log is empty
+        # unless it runs again after its process was lost)
+        self.services.hub.hold_step(
+            self.step_id,
+            cancel_on_disconnect=step.cancel_on_disconnect,
+            whole=step.attempts <= 1,
+        )
         try:
             await self.run()
         except Exception:
@@ -93,6 +101,7 @@ class Execution:
             log.exception("step %s: execution failed", self.step_id)
             await self._end_after_failure()
         finally:
+            self.services.hub.release_step(self.step_id, keep=not self.abandoned)
             self.on_done(self)
 
     async def _end_after_failure(self) -> None:

@@ -1,32 +1,59 @@
 """Live fan-out of committed events to stream followers, in memory, per process.
 
-A :class:`Channel` exists only while someone follows it. It keeps a bounded, contiguous tail
+A :class:`Channel` exists while someone follows it. It keeps a bounded, contiguous tail
 of recent events; a follower whose cursor is older than that tail reads the log in the
 database instead, so a slow reader costs bounded memory and loses nothing. Events written
 by another process never reach this hub: a wake-up from that process (PostgreSQL NOTIFY,
 ``streams/wakeups.py``) pokes the channel, and its followers read the log.
+
+A step run by this process is *held* from before its first event commits, so its channel is
+``whole``: its tail starts at the step's first event, and a follower that opens it reads
+nothing from the database while the tail serves its cursor. After the step ends its channel
+is kept a while (the last ``retain_steps`` ended steps, each while its tail is short), for
+the client that submits a step and opens its stream once it has already ended. A step
+submitted here is expected the same way before its submission commits, so a stream opened
+while it waits in the queue is whole too.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections import defaultdict, deque
+from collections import OrderedDict, defaultdict, deque
 from collections.abc import Callable
 
 from orchestratord.eventlog import LogEvent
 
 
 class Channel:
-    __slots__ = ("_buf", "_cursor", "_waiters", "closed", "foreign", "last", "refs")
+    __slots__ = (
+        "_buf",
+        "_cursor",
+        "_waiters",
+        "cancel_on_disconnect",
+        "closed",
+        "end",
+        "foreign",
+        "held",
+        "last",
+        "refs",
+        "whole",
+    )
 
     def __init__(self, cursor: Callable[[LogEvent], int], maxlen: int) -> None:
         self._cursor = cursor
         self._buf: deque[LogEvent] = deque(maxlen=maxlen)
         self._waiters: set[asyncio.Future[None]] = set()
         self.last = -1
-        self.refs = 0
+        self.refs = 0  # followers
         self.foreign = 0  # pokes: another process appended events here (read the log)
         self.closed = False  # the process is shutting down: followers end, clients resume
+        # Held by the execution of its step, opened before the step's first event committed:
+        # every event of the key since its first was published here (``whole``), so while
+        # the tail reaches back to a cursor the log has nothing the tail lacks.
+        self.held = False
+        self.whole = False
+        self.end: int | None = None  # cursor of the step's terminal event, once published
+        self.cancel_on_disconnect: bool | None = None  # the held step's, for its streams
 
     def close(self) -> None:
         self.closed = True
@@ -41,12 +68,23 @@ class Channel:
                 self._buf.clear()  # a gap (foreign writer): only contiguous tails are served
             self._buf.append(ev)
             self.last = cur
+            if ev.terminal:
+                self.end = cur
         self._wake()
 
     def poke(self) -> None:
         """Another process appended events to this key: followers read the log."""
         self.foreign += 1
+        self.whole = False  # the log holds events this tail never saw
         self._wake()
+
+    def ended_before(self, cursor: int) -> bool:
+        """A whole channel knows: the key's terminal event lies before ``cursor``."""
+        return self.whole and self.end is not None and cursor > self.end
+
+    @property
+    def size(self) -> int:
+        return len(self._buf)
 
     def _wake(self) -> None:
         for fut in self._waiters:
@@ -94,10 +132,17 @@ def _run_cursor(ev: LogEvent) -> int:
 
 
 class Hub:
-    def __init__(self, *, buffer_events: int = 4096) -> None:
+    def __init__(
+        self, *, buffer_events: int = 4096, retain_steps: int = 1024, retain_events: int = 64
+    ) -> None:
         self._buffer = buffer_events
         self._steps: dict[str, Channel] = {}
         self._runs: dict[str, Channel] = {}
+        # ended steps' whole channels, oldest first: kept while they hold few events
+        self._retained: OrderedDict[str, Channel] = OrderedDict()
+        self._retain_steps = retain_steps
+        self._retain_events = retain_events
+        self._followers = {"step": 0, "run": 0}
         self.closed = False
 
     def close_all(self) -> None:
@@ -134,27 +179,88 @@ class Hub:
         for chan in [*self._steps.values(), *self._runs.values()]:
             chan.poke()
 
+    def hold_step(self, step_id: str, *, cancel_on_disconnect: bool, whole: bool) -> Channel:
+        """The execution of a step opens its channel before its first event commits
+        (``whole``: the step's log is empty; a step run again after its process was lost
+        has events this process never published)."""
+        self._retained.pop(step_id, None)
+        chan = self._steps.get(step_id)
+        if chan is None:
+            chan = self._steps[step_id] = Channel(_step_cursor, self._buffer)
+            chan.closed = self.closed
+            chan.whole = whole
+        elif not chan.held:  # followed already: whole if nothing reached it yet
+            chan.whole = whole and chan.foreign == 0 and chan.last == -1
+        chan.held = True
+        chan.cancel_on_disconnect = cancel_on_disconnect
+        return chan
+
+    def expect_step(self, step_id: str, *, cancel_on_disconnect: bool) -> None:
+        """A step being submitted here, before its submission commits (its log is empty
+        until then): its channel is whole from the start, kept among the retained ones until
+        its execution holds it or it is followed. Only where every write reaches this hub,
+        or pokes it (one process; live wake-ups)."""
+        if step_id in self._steps:
+            return
+        chan = self._steps[step_id] = Channel(_step_cursor, self._buffer)
+        chan.closed = self.closed
+        chan.whole = True
+        chan.cancel_on_disconnect = cancel_on_disconnect
+        self._retain(step_id, chan)
+
+    def forget_step(self, step_id: str) -> None:
+        """The submission that expected it did not commit."""
+        chan = self._steps.get(step_id)
+        if chan is not None and not chan.held and chan.refs <= 0:
+            del self._steps[step_id]
+            self._retained.pop(step_id, None)
+
+    def _retain(self, step_id: str, chan: Channel) -> None:
+        self._retained[step_id] = chan
+        while len(self._retained) > self._retain_steps:
+            old_id, old = self._retained.popitem(last=False)
+            if old.refs <= 0 and not old.held:
+                del self._steps[old_id]
+
+    def release_step(self, step_id: str, *, keep: bool = True) -> None:
+        """The execution is over: the channel stays while followed, and afterwards among the
+        retained ended steps if it is whole and short (``keep``: it ended here)."""
+        chan = self._steps.get(step_id)
+        if chan is None or not chan.held:
+            return
+        chan.held = False
+        if not keep:  # let go (another process goes on with it): the log may outgrow the tail
+            chan.whole = False
+        if keep and chan.whole and chan.size <= self._retain_events:
+            self._retain(step_id, chan)
+        elif chan.refs <= 0:
+            del self._steps[step_id]
+
+    def known_step(self, step_id: str) -> Channel | None:
+        """The whole channel of a step run here (running, or ended and retained)."""
+        chan = self._steps.get(step_id)
+        return chan if chan is not None and chan.whole else None
+
     def subscribe_step(self, step_id: str) -> Channel:
+        self._followers["step"] += 1
         return self._subscribe(self._steps, step_id, _step_cursor)
 
     def unsubscribe_step(self, step_id: str) -> int:
-        return self._unsubscribe(self._steps, step_id)
+        return self._unsubscribe(self._steps, step_id, "step")
 
     def subscribe_run(self, run_id: str) -> Channel:
+        self._followers["run"] += 1
         return self._subscribe(self._runs, run_id, _run_cursor)
 
     def unsubscribe_run(self, run_id: str) -> int:
-        return self._unsubscribe(self._runs, run_id)
+        return self._unsubscribe(self._runs, run_id, "run")
 
     def open_streams(self) -> int:
-        return sum(self.subscribers().values())
+        return self._followers["step"] + self._followers["run"]
 
     def subscribers(self) -> dict[str, int]:
         """Open streams by what they follow."""
-        return {
-            "step": sum(c.refs for c in self._steps.values()),
-            "run": sum(c.refs for c in self._runs.values()),
-        }
+        return dict(self._followers)
 
     def followers(self, step_id: str) -> int:
         chan = self._steps.get(step_id)
@@ -170,13 +276,14 @@ class Hub:
         chan.refs += 1
         return chan
 
-    @staticmethod
-    def _unsubscribe(table: dict[str, Channel], key: str) -> int:
+    def _unsubscribe(self, table: dict[str, Channel], key: str, what: str) -> int:
         chan = table.get(key)
         if chan is None:
             return 0
+        self._followers[what] -= 1
         chan.refs -= 1
         if chan.refs <= 0:
-            del table[key]
+            if not chan.held and key not in self._retained:
+                del table[key]
             return 0
         return chan.refs

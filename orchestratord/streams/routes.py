@@ -90,8 +90,12 @@ async def stream_step(
 ) -> EventStreamResponse:
     start = _resume_from(last_event_id, after, raw_after=request.query_params.get("after"))
     _admit(orch, step_id)
-    async with orch.db.read() as session:
-        cod = await cancel_on_disconnect(session, step_id=step_id)
+    known = orch.hub.known_step(step_id)  # run here: the step exists, nothing to read
+    if known is not None and known.cancel_on_disconnect is not None:
+        cod = known.cancel_on_disconnect
+    else:
+        async with orch.db.read() as session:
+            cod = await cancel_on_disconnect(session, step_id=step_id)
     return _response(orch, principal, follow_step(orch, step_id, start, cancel_on_disconnect=cod))
 
 

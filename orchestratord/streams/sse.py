@@ -56,7 +56,9 @@ async def _follow(
     # With wake-ups (or one process, SQLite) ``poll_s`` is long: idle followers sleep. After
     # ``keepalive_s`` without a frame, a keep-alive comment goes out (the response has no
     # timer of its own).
-    seen = -1  # the channel's poke count at our last read of the log; -1: read now
+    # the channel's poke count at our last read of the log; -1: read now (a whole channel
+    # holds what the log holds while its tail reaches back to the cursor)
+    seen = channel.foreign if channel.whole else -1
     clock = asyncio.get_running_loop().time
     ping_at = clock() + keepalive_s
     look_at: float | None = None  # when the current quiet wait ends
@@ -64,6 +66,9 @@ async def _follow(
         if channel.closed:  # shutting down: the client resumes elsewhere at its cursor
             return
         events = channel.take(cursor, batch)
+        if events == [] and channel.ended_before(cursor):
+            state["ended"] = True  # resumed after the terminal event: nothing follows
+            return
         if events is None or (not events and seen != channel.foreign):
             seen = channel.foreign
             events = await read(cursor, batch)
@@ -95,7 +100,8 @@ async def _follow(
         if now < look_at:
             if await channel.wait(cursor, min(look_at, ping_at) - now):
                 look_at = None  # something came: the quiet wait starts over
-                seen = -1  # if the tail has nothing at the cursor, the log tells (ended?)
+                if not channel.whole:  # if the tail has nothing at the cursor, the log tells
+                    seen = -1
             continue
         look_at = None
         seen = -1  # a quiet wait: look in the log again
