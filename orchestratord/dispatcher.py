@@ -20,8 +20,9 @@ import logging
 from orchestrator_core.lifecycle import StepStatus
 from orchestratord import tracing
 from orchestratord.db.engine import Database
+from orchestratord.db.models import Run, Step
 from orchestratord.eventlog import EventWriter
-from orchestratord.pools.registry import PoolRegistry, Replica
+from orchestratord.pools.registry import Pool, PoolRegistry, Replica
 from orchestratord.prices import PriceBook
 from orchestratord.steps.leases import LeaseTerms
 from orchestratord.steps.queries import cancel_requested_among, claim_queued
@@ -157,11 +158,7 @@ class Dispatcher:
                         )
                         for step, run in rows:
                             pinned = step.replica_id if step.replay_of else None
-                            if pinned is None and pool.session_bound:  # where its session is
-                                parent = (run.forked_from or {}).get("run_id")
-                                pinned = self.services.sessions.placement_of(
-                                    run.run_id, pool.pool_id, parent
-                                )
+                            pinned = pinned or self._session_replica(pool, run)
                             replica = pool.acquire(pinned)
                             if replica is None:
                                 if pinned is not None:
@@ -172,9 +169,7 @@ class Dispatcher:
                                 run.price_table, engine=pool.engine, model=model, own=pool.price
                             )
                             claimed.append((ClaimedStep(step, run, price, pool, replica), replica))
-                            transition(step, StepStatus.RUNNING)
-                            self.leases.grant(step)
-                            step.replica_id = replica.replica_id
+                            self.claim(step, replica)
                 except BaseException:
                     for _, replica in claimed:
                         pool.release(replica)
@@ -187,6 +182,29 @@ class Dispatcher:
                     break
             self._backlog[pool.pool_id] = waiting
         return started + await self._dispatch_control()
+
+    # Steps started in their submission's transaction (``steps/submission.StartNow``).
+
+    def may_start(self) -> bool:
+        return not self.paused and not self._stopping
+
+    def slot_for(self, pool: Pool, run: Run) -> Replica | None:
+        return pool.acquire(self._session_replica(pool, run))
+
+    def claim(self, step: Step, replica: Replica) -> None:
+        transition(step, StepStatus.RUNNING)
+        self.leases.grant(step)
+        step.replica_id = replica.replica_id
+
+    def begin(self, claimed: ClaimedStep) -> None:
+        self._start([claimed])
+
+    def _session_replica(self, pool: Pool, run: Run) -> str | None:
+        """Where the run's engine session is, on a pool whose engine keeps sessions."""
+        if not pool.session_bound:
+            return None
+        parent = (run.forked_from or {}).get("run_id")
+        return self.services.sessions.placement_of(run.run_id, pool.pool_id, parent)
 
     async def _dispatch_control(self) -> int:
         """Steps that run in the control plane: claimed as pool steps are, without a pool."""

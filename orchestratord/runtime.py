@@ -6,6 +6,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Coroutine
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from typing import Any
 
 from orchestrator_core.admission import AdmissionPolicy
@@ -151,6 +152,8 @@ class Orchestrator:
             poll_s=dispatch.poll_s,
             control_slots=tools.concurrency,
         )
+        # an engine step whose pool has a free slot starts in its submission's transaction
+        self.submit_context = replace(self.submit_context, starter=self.dispatcher)
         self.keeper = LeaseKeeper(
             self.db,
             self.leases,
@@ -228,9 +231,16 @@ class Orchestrator:
     @asynccontextmanager
     async def tx(self) -> AsyncIterator[Tx]:
         """A write transaction; its events are published and callbacks run after commit."""
-        async with self.db.write() as session:
-            tx = Tx(session)
-            yield tx
+        tx: Tx | None = None
+        try:
+            async with self.db.write() as session:
+                tx = Tx(session)
+                yield tx
+        except BaseException:
+            if tx is not None:
+                tx.rolled_back()
+            raise
+        assert tx is not None
         self.publish(tx.events)
         for callback in tx.callbacks:
             callback()

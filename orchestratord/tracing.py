@@ -227,15 +227,19 @@ def event(name: str) -> None:
     active.current_span().add_event(name)
 
 
+_TO_CLAIM = (StepStatus.QUEUED.value, StepStatus.RUNNING.value)
+
+
 def submitted(span: object, step: Step, *, created: bool) -> None:
-    """The submission answered: its span names the step; a new queued step is remembered
-    until it is claimed, so its queue wait and execution join this trace."""
+    """The submission answered: its span names the step; a new step (queued, or started in
+    its submission) is remembered until it is claimed, so its queue wait and execution join
+    this trace."""
     active = ACTIVE
     if active is None or span is _NULL:
         return
     attrs = {"step_id": step.step_id, "pool": step.pool_id, "created": created}
     active.annotate(span, None, {**attrs, "status": step.status})
-    if created and step.status == StepStatus.QUEUED.value:
+    if created and step.status in _TO_CLAIM:  # claimed later, or once this commits
         active.remember(span, step.step_id)
 
 

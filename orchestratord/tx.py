@@ -1,4 +1,4 @@
-"""A write transaction plus what must happen once it has committed."""
+"""A write transaction plus what must happen once it has committed, or if it does not."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ class Tx:
     session: AsyncSession
     events: list[LogEvent] = field(default_factory=list)
     callbacks: list[Callable[[], None]] = field(default_factory=list)
+    undo: list[Callable[[], None]] = field(default_factory=list)
 
     async def append_events(self, events: list[LogEvent]) -> None:
         """Write events now; they are published to followers after commit."""
@@ -24,3 +25,11 @@ class Tx:
 
     def after_commit(self, callback: Callable[[], None]) -> None:
         self.callbacks.append(callback)
+
+    def on_rollback(self, callback: Callable[[], None]) -> None:
+        """Undo what was taken in memory for this transaction if it does not commit."""
+        self.undo.append(callback)
+
+    def rolled_back(self) -> None:
+        for callback in self.undo:
+            callback()

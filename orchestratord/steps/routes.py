@@ -41,7 +41,8 @@ async def submit_step(
             step = done.step
             out = StepAccepted(step_id=step.step_id, status=step_view(step)["status"])
             set_budget_headers(response, done.run, done.ledger)
-            if done.created and out.status == "queued" and orch.hub_sees_every_write:
+            fresh = done.created and out.status in ("queued", "running")
+            if fresh and orch.hub_sees_every_write:
                 # its log is empty until this commits: its streams start from memory
                 expected = step.step_id
                 orch.hub.expect_step(expected, cancel_on_disconnect=step.cancel_on_disconnect)
@@ -55,7 +56,8 @@ async def submit_step(
             orch.rates.add_tokens(
                 principal.key_id, step.tokens_in_reserved + step.tokens_out_reserved
             )
-        orch.dispatcher.wake(control=not kind_of(typed.type).engine)
+        if out.status == "queued":  # a running one started with its submission
+            orch.dispatcher.wake(control=not kind_of(typed.type).engine)
     else:
         response.status_code = 200
     return out

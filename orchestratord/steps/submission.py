@@ -6,12 +6,14 @@ or refuses by raising a domain error that the HTTP layer maps (422, 403, 409, 42
 The rules never ask which kind of step they hold: they call the kind's protocol
 (``steps/kinds``). In order:
 
-    LoadRun -> ResolveKind -> Place -> Police -> BoundPrompt -> MatchRecord -> Price -> Admit
-    -> Insert
+    LoadRun -> ResolveKind -> Place -> Police -> BoundPrompt -> MatchRecord -> Quote -> Admit
+    -> StartNow -> Insert
 
 In a replay run ``Place`` takes the run's row lock and matches the recorded step at the
 step's position; ``MatchRecord`` serves a step no engine runs again from the record (or
-ends it with ``REPLAY_MISS``) without price or admission.
+ends it with ``REPLAY_MISS``) without price or admission. In a record run an engine step
+whose pool has a free slot, with nothing queued ahead of it there, is inserted running
+(``StartNow``): its execution begins once the submission commits, with no claim of its own.
 """
 
 from __future__ import annotations
@@ -40,17 +42,39 @@ from orchestratord import tracing
 from orchestratord.db.models import Flow, Run, Step
 from orchestratord.metrics import Metrics
 from orchestratord.policies import policy_of
-from orchestratord.pools.registry import Pool, PoolRegistry
+from orchestratord.pools.registry import Pool, PoolRegistry, Replica
 from orchestratord.prices import PriceBook
 from orchestratord.replay.steps import ReplayTarget, lock_run, replay_target, serve_recorded
 from orchestratord.runs.ledger import read_ledger, reserve
 from orchestratord.steps.kinds import kind_of
 from orchestratord.steps.kinds.base import StepKind
 from orchestratord.steps.queries import by_token, ledger_of, same_request
+from orchestratord.steps.running import ClaimedStep
 from orchestratord.steps.transition import end_unstarted
 from orchestratord.tx import Tx
 
 policy_log = logging.getLogger("orchestratord.policy")
+
+
+class Starter(Protocol):
+    """Starts an engine step in its submission's transaction (the dispatcher)."""
+
+    def may_start(self) -> bool:
+        """Steps may start (the process is not draining)."""
+        ...
+
+    def slot_for(self, pool: Pool, run: Run) -> Replica | None:
+        """A slot taken for a step of ``run`` on ``pool`` (its session's replica where the
+        engine keeps sessions), or None; given back with ``pool.release``."""
+        ...
+
+    def claim(self, step: Step, replica: Replica) -> None:
+        """The step runs on ``replica``: running, leased (in the caller's transaction)."""
+        ...
+
+    def begin(self, claimed: ClaimedStep) -> None:
+        """Its claim committed: execute it."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -63,6 +87,7 @@ class SubmitContext:
     default_cancel_on_disconnect: bool
     metrics: Metrics = field(default_factory=Metrics)
     max_prompt_chars: int = 1_000_000
+    starter: Starter | None = None  # None: every step waits for the dispatcher
 
 
 @dataclass(frozen=True)
@@ -93,6 +118,7 @@ class Submission:
     price: Price | None = None
     tokens_in: int = 0
     verdict: str = "admit"
+    start_on: Pool | None = None  # StartNow: the pool whose free slot the step may take
 
     @property
     def session(self) -> AsyncSession:
@@ -300,6 +326,37 @@ class Admit:
         return None
 
 
+_QUEUED_AHEAD = (
+    sa.select(Step.step_id)
+    .where(
+        Step.status == StepStatus.QUEUED.value,
+        Step.pool_id == sa.bindparam("pool_id"),
+        Step.priority_rank <= sa.bindparam("rank"),
+    )
+    .limit(1)
+)
+
+
+class StartNow:
+    """Record runs: an engine step may start in its submission's transaction when its pool
+    has a free slot and no step of its priority or higher waits in that pool's queue (the
+    queue's order holds). ``Insert`` takes the slot."""
+
+    async def apply(self, sub: Submission) -> Submitted | None:
+        starter = sub.ctx.starter
+        if starter is None or not sub.kind.engine or sub.target is not None:
+            return None
+        if sub.verdict != "admit" or sub.pool_id is None or not starter.may_start():
+            return None
+        pool = sub.ctx.pools.require(sub.pool_id)
+        if pool.free_slots <= 0:
+            return None
+        params = {"pool_id": pool.pool_id, "rank": PRIORITY_RANK[sub.body.priority]}
+        if (await sub.session.execute(_QUEUED_AHEAD, params)).first() is None:
+            sub.start_on = pool
+        return None
+
+
 class Insert:
     """Reserve the worst case against the run in one conditional UPDATE (limits re-checked
     in the database, so concurrent submissions cannot overshoot), then insert the step."""
@@ -368,9 +425,36 @@ class Insert:
         if target is not None and target.recorded is not None:
             step.replay_of = target.recorded.step_id
             step.replica_id = target.recorded.replica_id  # pinned: the dispatcher honours it
+        started = self._take_slot(sub, step)
         session.add(step)
-        await session.flush()
+        try:
+            await session.flush()
+        except BaseException:
+            if started is not None and started.pool and started.replica:
+                started.pool.release(started.replica)
+            raise
+        if started is not None:
+            self._begin_after_commit(sub, started)
         return step, ledger_after
+
+    @staticmethod
+    def _take_slot(sub: Submission, step: Step) -> ClaimedStep | None:
+        """``StartNow`` found the pool free: the step takes a slot and is inserted running."""
+        pool, starter = sub.start_on, sub.ctx.starter
+        if pool is None or starter is None:
+            return None
+        replica = starter.slot_for(pool, sub.run)
+        if replica is None:  # the session's replica is busy: it waits in the queue
+            return None
+        starter.claim(step, replica)
+        return ClaimedStep(step, sub.run, sub.price, pool, replica)
+
+    @staticmethod
+    def _begin_after_commit(sub: Submission, started: ClaimedStep) -> None:
+        pool, replica, starter = started.pool, started.replica, sub.ctx.starter
+        assert pool is not None and replica is not None and starter is not None
+        sub.tx.on_rollback(lambda: pool.release(replica))
+        sub.tx.after_commit(lambda: starter.begin(started))
 
 
 RULES: tuple[Rule, ...] = (
@@ -382,6 +466,7 @@ RULES: tuple[Rule, ...] = (
     MatchRecord(),
     Quote(),
     Admit(),
+    StartNow(),
     Insert(),
 )
 

@@ -11,7 +11,7 @@ from orchestratord.db.models import Step
 from orchestratord.runtime import Orchestrator
 from test_harness.servers import serve_app
 from tests.conftest import make_settings
-from tests.helpers import make_run, parse_sse, read_stream, submit, wait_status
+from tests.helpers import make_run, parse_sse, read_stream, submit, tokens_committed, wait_status
 from worker_adapters.sim import SimAdapter
 
 
@@ -127,7 +127,7 @@ async def _running_step(orch: Orchestrator, live: httpx.AsyncClient) -> str:
     _slow(orch, rate=20.0)
     run_id = await make_run(live)
     step_id: str = (await submit(live, run_id, max_tokens=1000)).json()["step_id"]
-    await wait_status(live, step_id, "running")
+    await tokens_committed(orch.db, step_id, 1)  # running, and generating
     return step_id
 
 
