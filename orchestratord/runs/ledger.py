@@ -2,14 +2,35 @@
 
 from __future__ import annotations
 
-from typing import Any
+from datetime import datetime
+from typing import Any, NamedTuple, Protocol
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from orchestrator_core import clock
 from orchestrator_core.budgets import Ledger, Limits, Reservation
-from orchestratord.db.models import Run, Step
+from orchestratord.db.models import Run
+
+
+class Held(Protocol):
+    """What a step holds of its run's budget (a ``Step`` row, or the columns of one)."""
+
+    @property
+    def run_id(self) -> str: ...
+    @property
+    def tokens_in_reserved(self) -> int: ...
+    @property
+    def tokens_out_reserved(self) -> int: ...
+    @property
+    def cost_reserved_usd(self) -> float: ...
+
+
+class RunState(NamedTuple):
+    """A run's status and end, read under its row lock."""
+
+    status: str
+    ended_at: datetime | None
 
 
 def usage_of(run: Run) -> dict[str, Any]:
@@ -103,31 +124,35 @@ async def reserve(
 async def settle(
     session: AsyncSession,
     *,
-    step: Step,
+    step: Held,
     tokens_in: int,
     tokens_out: int,
     cost_usd: float | None,
-) -> None:
-    """Release the step's reservation and charge what it used, in the caller's transaction.
+) -> RunState:
+    """Release the step's reservation and charge what it used, in the caller's transaction;
+    the run's status and end as that update left them (its row is locked until commit).
 
     A cost of ``None`` (the step's model had no price) is not known, so it is not added: the
     run counts the step in ``unpriced_steps`` and its ``cost_used_usd`` stays the sum over
     priced steps, which is what a cost budget counts (an unpriced model never runs under
     one)."""
-    await session.execute(
-        _SETTLE,
-        {
-            "b_run_id": step.run_id,
-            "used_in": tokens_in,
-            "used_out": tokens_out,
-            "used_cost": 0.0 if cost_usd is None else cost_usd,
-            "unpriced": 1 if cost_usd is None else 0,
-            "held_in": step.tokens_in_reserved,
-            "held_out": step.tokens_out_reserved,
-            "held_cost": step.cost_reserved_usd,
-            "b_now": clock.now(),
-        },
-    )
+    status, ended_at = (
+        await session.execute(
+            _SETTLE,
+            {
+                "b_run_id": step.run_id,
+                "used_in": tokens_in,
+                "used_out": tokens_out,
+                "used_cost": 0.0 if cost_usd is None else cost_usd,
+                "unpriced": 1 if cost_usd is None else 0,
+                "held_in": step.tokens_in_reserved,
+                "held_out": step.tokens_out_reserved,
+                "held_cost": step.cost_reserved_usd,
+                "b_now": clock.now(),
+            },
+        )
+    ).one()
+    return RunState(status, ended_at)
 
 
 _SETTLE = (
@@ -143,5 +168,6 @@ _SETTLE = (
         cost_reserved_usd=Run.cost_reserved_usd - sa.bindparam("held_cost", type_=sa.Float),
         updated_at=sa.bindparam("b_now", type_=Run.__table__.c.updated_at.type),
     )
+    .returning(Run.status, Run.ended_at)
     .execution_options(synchronize_session=False)
 )

@@ -1,12 +1,14 @@
 """The one writer of a step's status, and the ways a step ends outside its runner.
 
-``transition`` is the only code that assigns ``Step.status``: it checks the lifecycle table
-(an illegal move raises ``Conflict``) and stamps ``started_at`` / ``ended_at``.
+``transition`` is the only code that assigns ``Step.status`` on a loaded row: it checks the
+lifecycle table (an illegal move raises ``Conflict``) and stamps ``started_at`` /
+``ended_at``. A running step's end (its runner's finalizer) is the same move made in one
+``UPDATE``, here too.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple, cast
 
 import orjson
 import sqlalchemy as sa
@@ -14,6 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from contracts.events import EndEvent, ErrorEvent, RunEndEvent, StartedEvent
 from orchestrator_core import clock
+from orchestrator_core.errors import Conflict
 from orchestrator_core.event_order import EventOrder, EventType
 from orchestrator_core.lifecycle import (
     RunStatus,
@@ -24,7 +27,7 @@ from orchestrator_core.lifecycle import (
 from orchestrator_core.pricing import Price
 from orchestratord.db.models import Run, Step
 from orchestratord.eventlog import Finalizer, LogEvent, log_event, read_all_step_events
-from orchestratord.runs.ledger import settle
+from orchestratord.runs.ledger import RunState, settle
 from orchestratord.steps.ending import Ending
 from orchestratord.steps.queries import get_step
 from orchestratord.tx import Tx
@@ -50,26 +53,74 @@ def ending_finalizer(step_id: str, ending: Ending) -> Finalizer:
     settlement of its reservation."""
 
     async def finalize(session: AsyncSession) -> list[LogEvent]:
-        step = await get_step(session, step_id=step_id)
-        transition(step, ending.status)
-        step.output = ending.output
-        step.tokens_in = ending.tokens_in
-        step.tokens_out = ending.tokens_out
-        step.cost_usd = ending.cost_usd
-        step.provenance = ending.provenance
-        step.error = ending.error
-        step.replay_outcome = ending.replay_outcome
+        held = await _end_running(session, step_id, ending)
         session.add_all(ending.rows)
-        await settle(
+        run = await settle(
             session,
-            step=step,
+            step=held,
             tokens_in=ending.tokens_in,
             tokens_out=ending.tokens_out,
             cost_usd=ending.cost_usd,
         )
-        return await settle_run_after_step(session, run_id=step.run_id)
+        return await settle_run_after_step(session, run_id=held.run_id, state=run)
 
     return finalize
+
+
+_STEPS = cast(sa.Table, Step.__table__)
+# A running step ends: the transition as ``transition`` makes it, in one statement that also
+# returns what its settlement needs (no load of the row). ``status = 'running'`` guards it.
+_END_RUNNING = (
+    _STEPS.update()
+    .where(_STEPS.c.step_id == sa.bindparam("b_step_id"), _STEPS.c.status == "running")
+    .values(
+        status=sa.bindparam("b_status"),
+        ended_at=sa.bindparam("b_now"),
+        lease_owner=None,
+        lease_expires_at=None,
+        output=sa.bindparam("b_output"),
+        tokens_in=sa.bindparam("b_tokens_in"),
+        tokens_out=sa.bindparam("b_tokens_out"),
+        cost_usd=sa.bindparam("b_cost_usd"),
+        provenance=sa.bindparam("b_provenance"),
+        error=sa.bindparam("b_error"),
+        replay_outcome=sa.bindparam("b_replay_outcome"),
+    )
+    .returning(
+        _STEPS.c.run_id,
+        _STEPS.c.tokens_in_reserved,
+        _STEPS.c.tokens_out_reserved,
+        _STEPS.c.cost_reserved_usd,
+    )
+)
+
+
+class _Held(NamedTuple):
+    run_id: str
+    tokens_in_reserved: int
+    tokens_out_reserved: int
+    cost_reserved_usd: float
+
+
+async def _end_running(session: AsyncSession, step_id: str, ending: Ending) -> _Held:
+    check_step_transition(StepStatus.RUNNING, ending.status)
+    params = {
+        "b_step_id": step_id,
+        "b_status": ending.status.value,
+        "b_now": clock.now(),
+        "b_output": ending.output,
+        "b_tokens_in": ending.tokens_in,
+        "b_tokens_out": ending.tokens_out,
+        "b_cost_usd": ending.cost_usd,
+        "b_provenance": ending.provenance,
+        "b_error": ending.error,
+        "b_replay_outcome": ending.replay_outcome,
+    }
+    row = (await session.execute(_END_RUNNING, params)).first()
+    if row is None:  # it is no longer running (ended elsewhere), or there is no such step
+        step = await get_step(session, step_id=step_id)
+        raise Conflict(f"step {step_id} is {step.status}, not running: it cannot end here")
+    return _Held(*row)
 
 
 async def end_unstarted(
@@ -104,8 +155,8 @@ async def end_unstarted(
         else ErrorEvent(**{**error, "correlation_id": None}),
     )
     await tx.append_events([started, last])
-    await settle(tx.session, step=step, tokens_in=0, tokens_out=0, cost_usd=0.0)
-    await tx.append_events(await settle_run_after_step(tx.session, run_id=step.run_id))
+    run = await settle(tx.session, step=step, tokens_in=0, tokens_out=0, cost_usd=0.0)
+    await tx.append_events(await settle_run_after_step(tx.session, run_id=step.run_id, state=run))
 
 
 async def cancel_step(tx: Tx, *, step_id: str) -> tuple[str, bool]:
@@ -136,20 +187,14 @@ async def live_steps(session: AsyncSession, run_id: str) -> int:
     )
 
 
-_RUN_STATE = (
-    sa.select(Run.status, Run.ended_at)
-    .where(Run.run_id == sa.bindparam("run_id"))
-    .with_for_update(key_share=True)
-)
-
-
-async def settle_run_after_step(session: AsyncSession, *, run_id: str) -> list[LogEvent]:
+async def settle_run_after_step(
+    session: AsyncSession, *, run_id: str, state: RunState
+) -> list[LogEvent]:
     """After a step's end: a cancelling run becomes cancelled, and a run that was completed
-    or cancelled ends (``run_end``, returned to be appended) once no step of it is live."""
-    # the common case (a running run) reads two columns; the row lock is taken either way
-    status_now, ended_at = (await session.execute(_RUN_STATE, {"run_id": run_id})).one()
-    status = RunStatus(status_now)
-    if status is RunStatus.RUNNING or ended_at is not None:
+    or cancelled ends (``run_end``, returned to be appended) once no step of it is live.
+    ``state``: the run's as the step's settlement left it (its row locked until commit)."""
+    status = RunStatus(state.status)
+    if status is RunStatus.RUNNING or state.ended_at is not None:
         return []
     if await live_steps(session, run_id) > 0:
         return []
@@ -223,5 +268,7 @@ async def end_interrupted(
     step.tokens_in = tokens_in
     step.tokens_out = tokens_out
     step.cost_usd = cost
-    await settle(session, step=step, tokens_in=tokens_in, tokens_out=tokens_out, cost_usd=cost)
-    await tx.append_events(await settle_run_after_step(session, run_id=step.run_id))
+    run = await settle(
+        session, step=step, tokens_in=tokens_in, tokens_out=tokens_out, cost_usd=cost
+    )
+    await tx.append_events(await settle_run_after_step(session, run_id=step.run_id, state=run))

@@ -1,0 +1,40 @@
+"""A running step's end is one guarded statement: a step that is no longer running (ended
+elsewhere: cancelled, reaped) cannot be ended again, and its run's account is untouched."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from contracts.events import EndEvent
+from orchestrator_core.errors import Conflict, NotFound
+from orchestrator_core.lifecycle import StepStatus
+from orchestratord.runtime import Orchestrator
+from orchestratord.steps.ending import Ending
+from orchestratord.steps.transition import ending_finalizer
+from tests.helpers import make_run, submit, wait_status
+
+
+def _ending() -> Ending:
+    event = EndEvent(stop_reason="length", tokens_in=1, tokens_out=1, provenance=None)
+    return Ending(StepStatus.SUCCEEDED, event, {"text": "x"}, tokens_in=1, tokens_out=1)
+
+
+async def test_an_ended_step_is_not_ended_again(
+    orch: Orchestrator, client: httpx.AsyncClient
+) -> None:
+    run_id = await make_run(client)
+    step_id = (await submit(client, run_id, max_tokens=2)).json()["step_id"]
+    before = await wait_status(client, step_id, "succeeded")
+    run_before = (await client.get(f"/v1/runs/{run_id}")).json()
+    with pytest.raises(Conflict, match="succeeded, not running"):
+        async with orch.db.write() as session:
+            await ending_finalizer(step_id, _ending())(session)
+    assert (await client.get(f"/v1/steps/{step_id}")).json() == before
+    assert (await client.get(f"/v1/runs/{run_id}")).json()["usage"] == run_before["usage"]
+
+
+async def test_ending_a_step_that_does_not_exist_names_it(orch: Orchestrator) -> None:
+    with pytest.raises(NotFound):
+        async with orch.db.write() as session:
+            await ending_finalizer("step_nope", _ending())(session)
