@@ -42,7 +42,7 @@ class Channel:
     def __init__(self, cursor: Callable[[LogEvent], int], maxlen: int) -> None:
         self._cursor = cursor
         self._buf: deque[LogEvent] = deque(maxlen=maxlen)
-        self._waiters: set[asyncio.Future[None]] = set()
+        self._waiters: set[asyncio.Future[bool]] = set()
         self.last = -1
         self.refs = 0  # followers
         self.foreign = 0  # pokes: another process appended events here (read the log)
@@ -89,7 +89,7 @@ class Channel:
     def _wake(self) -> None:
         for fut in self._waiters:
             if not fut.done():
-                fut.set_result(None)
+                fut.set_result(True)
         self._waiters.clear()
 
     def take(self, cursor: int, limit: int) -> list[LogEvent] | None:
@@ -112,15 +112,22 @@ class Channel:
         first."""
         if self.last >= cursor:
             return True
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        # one future and one timer (``asyncio.wait_for`` adds a coroutine, a callback and a
+        # cancellation round per wait: an idle stream waits once per keep-alive)
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[bool] = loop.create_future()
         self._waiters.add(fut)
+        timer = loop.call_later(timeout, _expire, fut)
         try:
-            await asyncio.wait_for(fut, timeout)
-        except TimeoutError:
-            return False
+            return await fut
         finally:
+            timer.cancel()
             self._waiters.discard(fut)
-        return True
+
+
+def _expire(fut: asyncio.Future[bool]) -> None:
+    if not fut.done():
+        fut.set_result(False)
 
 
 def _step_cursor(ev: LogEvent) -> int:
