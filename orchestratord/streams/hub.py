@@ -28,6 +28,7 @@ class Channel:
     __slots__ = (
         "_buf",
         "_cursor",
+        "_maxlen",
         "_waiters",
         "cancel_on_disconnect",
         "closed",
@@ -41,8 +42,11 @@ class Channel:
 
     def __init__(self, cursor: Callable[[LogEvent], int], maxlen: int) -> None:
         self._cursor = cursor
-        self._buf: deque[LogEvent] = deque(maxlen=maxlen)
-        self._waiters: set[asyncio.Future[bool]] = set()
+        # allocated at the first publish: an empty deque is 760 bytes, and an idle stream's
+        # channel may never see an event
+        self._buf: deque[LogEvent] | tuple[()] = ()
+        self._maxlen = maxlen
+        self._waiters: list[asyncio.Future[bool]] = []  # a list of one is a quarter of a set
         self.last = -1
         self.refs = 0  # followers
         self.foreign = 0  # pokes: another process appended events here (read the log)
@@ -60,13 +64,16 @@ class Channel:
         self._wake()
 
     def publish(self, events: list[LogEvent]) -> None:
+        buf = self._buf
+        if not isinstance(buf, deque):
+            buf = self._buf = deque(maxlen=self._maxlen)
         for ev in events:
             cur = self._cursor(ev)
             if cur <= self.last:
                 continue
-            if self._buf and cur != self.last + 1:
-                self._buf.clear()  # a gap (foreign writer): only contiguous tails are served
-            self._buf.append(ev)
+            if buf and cur != self.last + 1:
+                buf.clear()  # a gap (foreign writer): only contiguous tails are served
+            buf.append(ev)
             self.last = cur
             if ev.terminal:
                 self.end = cur
@@ -116,13 +123,14 @@ class Channel:
         # cancellation round per wait: an idle stream waits once per keep-alive)
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[bool] = loop.create_future()
-        self._waiters.add(fut)
+        self._waiters.append(fut)
         timer = loop.call_later(timeout, _expire, fut)
         try:
             return await fut
         finally:
             timer.cancel()
-            self._waiters.discard(fut)
+            if fut in self._waiters:  # woken waiters are gone already
+                self._waiters.remove(fut)
 
 
 def _expire(fut: asyncio.Future[bool]) -> None:

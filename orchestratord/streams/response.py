@@ -13,9 +13,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Mapping
+from typing import cast
 
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
+
+_RAW_HEADERS: dict[tuple[tuple[str, str], ...], tuple[tuple[bytes, bytes], ...]] = {}
 
 
 class EventStreamResponse(Response):
@@ -31,7 +34,13 @@ class EventStreamResponse(Response):
         self.frames = frames
         self.status_code = status_code
         self.background = None
-        self.init_headers({**headers, "content-type": "text/event-stream; charset=utf-8"})
+        key = tuple(headers.items())
+        raw = _RAW_HEADERS.get(key)
+        if raw is None:  # every stream answers with the same headers: encoded once, shared
+            self.init_headers({**headers, "content-type": "text/event-stream; charset=utf-8"})
+            raw = _RAW_HEADERS[key] = tuple(self.raw_headers)
+        # a tuple: what would change one response's headers fails instead of changing all
+        self.raw_headers = cast(list[tuple[bytes, bytes]], raw)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         sender = asyncio.current_task()
