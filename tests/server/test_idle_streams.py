@@ -1,5 +1,5 @@
 """What an idle stream costs: no tail until something is published, one waiter entry while
-it waits, headers encoded once for all streams, keep-alives due on a shared grid."""
+it waits, headers encoded once for all streams."""
 
 from __future__ import annotations
 
@@ -11,17 +11,6 @@ from orchestratord.eventlog import make_event
 from orchestratord.streams.hub import Hub
 from orchestratord.streams.response import EventStreamResponse
 from orchestratord.streams.routes import SSE_HEADERS
-from orchestratord.streams.sse import _tick
-
-
-@pytest.mark.parametrize("keepalive_s", [15.0, 2.0, 0.2])
-def test_keepalives_fall_due_on_a_grid(keepalive_s: float) -> None:
-    grid = min(1.0, keepalive_s / 8)
-    for now in (0.0, 3.3, 1000.01, 12345.678):
-        due = _tick(now + keepalive_s, grid)
-        assert now + keepalive_s <= due < now + keepalive_s + grid + 1e-9
-        assert abs(due / grid - round(due / grid)) < 1e-6  # on the grid: streams share it
-    assert _tick(15.3, 1.0) == _tick(15.9, 1.0) == 16.0
 
 
 def test_an_idle_channel_holds_no_tail_until_an_event_comes() -> None:
