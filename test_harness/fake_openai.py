@@ -30,6 +30,7 @@ class Faults:
     first_byte_delay_s: float = 0.0
     malformed_at: int | None = None  # send a chunk that is not JSON at this index
     token_delay_s: float = 0.0
+    hold_after_done_s: float = 0.0  # keep the body open this long after [DONE]
 
 
 @dataclass
@@ -41,6 +42,7 @@ class FakeState:
     completed: int = 0
     requests: list[dict[str, Any]] = field(default_factory=list)
     auth_headers: list[str | None] = field(default_factory=list)
+    client_ports: list[int] = field(default_factory=list)  # one per connection it came on
     # generations streamed to their end, per prompt: the engine-side count of executions
     completed_by_prompt: Counter[str] = field(default_factory=Counter)
 
@@ -75,6 +77,7 @@ def create_fake_openai(state: FakeState | None = None) -> Starlette:
         body = await request.json()
         st.requests.append(body)
         st.auth_headers.append(request.headers.get("authorization"))
+        st.client_ports.append(request.client.port if request.client else -1)
         f = st.faults
         if f.status is not None:
             return JSONResponse(
@@ -120,6 +123,8 @@ def create_fake_openai(state: FakeState | None = None) -> Starlette:
             yield b"data: " + json.dumps({"choices": [], "usage": usage}).encode() + b"\n\n"
             yield b"data: [DONE]\n\n"
             finished = True
+            if f.hold_after_done_s:
+                await asyncio.sleep(f.hold_after_done_s)
         finally:
             st.active -= 1
             if finished:

@@ -122,9 +122,11 @@ class OpenAIAdapter(WorkerAdapter):
                     await response.aread()
                     raise _status_error(response)
                 async for payload in _data_lines(response):
+                    if done:  # read to the end of the body: the connection goes back to the pool
+                        continue
                     if payload == b"[DONE]":
                         done = True
-                        break
+                        continue
                     chunk = _parse_chunk(payload)
                     if chunk.get("error"):
                         raise EngineFailure(
@@ -144,13 +146,15 @@ class OpenAIAdapter(WorkerAdapter):
         except httpx.ConnectError as exc:
             raise EngineUnavailable(f"cannot connect to {self.base_url}: {exc}") from exc
         except httpx.TimeoutException as exc:
-            raise EngineFailure(
-                f"{self.base_url} timed out ({type(exc).__name__})", retriable=True
-            ) from exc
+            if not done:  # after [DONE] only the end of the body was missing
+                raise EngineFailure(
+                    f"{self.base_url} timed out ({type(exc).__name__})", retriable=True
+                ) from exc
         except httpx.HTTPError as exc:
-            raise EngineFailure(
-                f"stream from {self.base_url} broke: {type(exc).__name__}", retriable=True
-            ) from exc
+            if not done:
+                raise EngineFailure(
+                    f"stream from {self.base_url} broke: {type(exc).__name__}", retriable=True
+                ) from exc
         finally:
             self._open.pop(request.request_id, None)
         if not done and finish is None:

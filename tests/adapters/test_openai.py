@@ -182,3 +182,29 @@ async def test_a_request_searches_for_no_module(fake: tuple[FakeState, OpenAIAda
     finally:
         sys.meta_path.remove(watch)
     assert watch.looked_up == []
+
+
+async def test_generations_one_after_another_share_one_connection(
+    fake: tuple[FakeState, OpenAIAdapter],
+) -> None:
+    """The body is read to its end after ``[DONE]``, so the connection goes back to the pool
+    (left unread, it was closed: a TCP handshake on every next request's time to first
+    token)."""
+    state, adapter = fake
+    for i in range(5):
+        events = await collect(adapter, req(request_id=f"r{i}", max_tokens=3))
+        assert isinstance(events[-1], Finish)
+    assert len(state.client_ports) == 5
+    assert len(set(state.client_ports)) == 1, state.client_ports
+
+
+async def test_a_body_left_open_after_done_ends_the_generation_at_the_read_timeout(
+    fake: tuple[FakeState, OpenAIAdapter],
+) -> None:
+    """Reading past ``[DONE]`` must not turn a finished generation into a failure."""
+    state, adapter = fake
+    state.faults.hold_after_done_s = 5.0  # longer than the adapter's 2 s read timeout
+    events = await collect(adapter, req(max_tokens=3))
+    assert [type(e) for e in events] == [Token, Token, Token, Finish]
+    finish = events[-1]
+    assert isinstance(finish, Finish) and finish.tokens_out == 3
