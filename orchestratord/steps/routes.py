@@ -34,22 +34,17 @@ async def submit_step(
     typed: AnyStepCreate = body
     if principal is not None:
         orch.rates.check_tokens(principal.key_id)
-    expected: str | None = None
-    try:
-        async with orch.tx() as tx:
-            done = await submit(tx, run_id=run_id, body=typed, ctx=orch.submit_context)
-            step = done.step
-            out = StepAccepted(step_id=step.step_id, status=step_view(step)["status"])
-            set_budget_headers(response, done.run, done.ledger)
-            fresh = done.created and out.status in ("queued", "running")
-            if fresh and orch.hub_sees_every_write:
-                # its log is empty until this commits: its streams start from memory
-                expected = step.step_id
-                orch.hub.expect_step(expected, cancel_on_disconnect=step.cancel_on_disconnect)
-    except BaseException:
-        if expected is not None:
-            orch.hub.forget_step(expected)
-        raise
+    async with orch.tx() as tx:
+        done = await submit(tx, run_id=run_id, body=typed, ctx=orch.submit_context)
+        step = done.step
+        out = StepAccepted(step_id=step.step_id, status=step_view(step)["status"])
+        set_budget_headers(response, done.run, done.ledger)
+        fresh = done.created and out.status in ("queued", "running")
+        if fresh and orch.hub_sees_every_write:
+            # its log is empty until this commits: its streams start from memory
+            step_id = step.step_id
+            tx.on_rollback(lambda: orch.hub.forget_step(step_id))
+            orch.hub.expect_step(step_id, cancel_on_disconnect=step.cancel_on_disconnect)
     if done.created:
         if principal is not None:
             step = done.step
