@@ -495,6 +495,7 @@ class _StepCheck:
 
     def _body_events(self) -> None:
         record, output = self.record, self.step["output"]
+        kind = kind_of(self.step["type"])
         suggestions = [
             {k: ev.data.get(k) for k in ("tool", "args", "valid", "errors")}
             for ev in record.of_type("tool_suggest")
@@ -518,17 +519,12 @@ class _StepCheck:
                     ev=ev,
                 )
             _check_fact_event(ev, self.facts, step=record, required=self.recorded_here)
-            if (
-                self.step["type"] == "tool_call"
-                and ev.data["fact_type"] == "tool_result"
-                and isinstance(output, dict)
-                and "result" in output
-                and isinstance(ev.data["data"], dict)
-                and ev.data["data"].get("result") != output["result"]
-            ):
+            fact_type = ev.data["fact_type"]
+            disagrees = kind.output_disagrees(output, fact_type, ev.data["data"])
+            if disagrees is not None:
                 self.refuse(
-                    "is not the result in the step's tool_result fact event",
-                    field=f"{record.path}.output.result",
+                    f"is not the {disagrees} in the step's {fact_type} fact event",
+                    field=f"{record.path}.output.{disagrees}",
                     ev=ev,
                 )
         for ev in record.of_type("checkpoint"):

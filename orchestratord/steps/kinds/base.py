@@ -102,3 +102,8 @@ class StepKind(Protocol):
     async def execute(self, ctx: StepContext) -> Ending:
         """Run the step: emit ``started`` and its body events, return how it ended."""
         ...
+
+    def output_disagrees(self, output: Any, fact_type: str, data: Any) -> str | None:
+        """A record's check (imports): the output field that disagrees with a fact of type
+        ``fact_type`` holding ``data`` which the step emitted, else None."""
+        ...

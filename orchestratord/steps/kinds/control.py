@@ -50,6 +50,9 @@ class ControlKind:
     def replay_key(self, stored: dict[str, Any], seed: int) -> StepKey:
         return input_key(self.step_type, stored, seed)
 
+    def output_disagrees(self, output: Any, fact_type: str, data: Any) -> str | None:
+        return None
+
 
 def new_fact(ctx: StepContext, fact_type: str, data: Any) -> Fact:
     """A fact the step appends: its ``fact`` event now, its row with the step's end (put it

@@ -116,6 +116,9 @@ class LlmCall:
     async def execute(self, ctx: StepContext) -> Ending:
         return await _LlmRun(self, ctx).run()
 
+    def output_disagrees(self, output: Any, fact_type: str, data: Any) -> str | None:
+        return None
+
 
 class _LlmRun:
     """One engine request for one step, from ``started`` to its ending."""

@@ -97,6 +97,18 @@ class ToolCall(ControlKind):
     ) -> PolicySubject:
         return PolicySubject(step_type=self.step_type, tool=stored["tool"])
 
+    def output_disagrees(self, output: Any, fact_type: str, data: Any) -> str | None:
+        """Its output's ``result`` is the result in its ``tool_result`` fact."""
+        if (
+            fact_type == "tool_result"
+            and isinstance(output, dict)
+            and "result" in output
+            and isinstance(data, dict)
+            and data.get("result") != output["result"]
+        ):
+            return "result"
+        return None
+
     def replay_key(self, stored: dict[str, Any], seed: int) -> StepKey:
         return input_key(self.step_type, {"tool": stored["tool"], "args": stored["args"]}, seed)
 
