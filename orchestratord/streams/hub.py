@@ -201,8 +201,7 @@ class Hub:
         self._retained.pop(step_id, None)
         chan = self._steps.get(step_id)
         if chan is None:
-            chan = self._steps[step_id] = Channel(_step_cursor, self._buffer)
-            chan.closed = self.closed
+            chan = self._open(self._steps, step_id, _step_cursor)
             chan.whole = whole
         elif not chan.held:  # followed already: whole if nothing reached it yet
             chan.whole = whole and chan.foreign == 0 and chan.last == -1
@@ -217,8 +216,7 @@ class Hub:
         or pokes it (one process; live wake-ups)."""
         if step_id in self._steps:
             return
-        chan = self._steps[step_id] = Channel(_step_cursor, self._buffer)
-        chan.closed = self.closed
+        chan = self._open(self._steps, step_id, _step_cursor)
         chan.whole = True
         chan.cancel_on_disconnect = cancel_on_disconnect
         self._retain(step_id, chan)
@@ -246,7 +244,7 @@ class Hub:
         chan.held = False
         if not keep:  # let go (another process goes on with it): the log may outgrow the tail
             chan.whole = False
-        if keep and chan.whole and chan.size <= self._retain_events:
+        if chan.whole and chan.size <= self._retain_events:
             self._retain(step_id, chan)
         elif chan.refs <= 0:
             del self._steps[step_id]
@@ -286,9 +284,15 @@ class Hub:
     ) -> Channel:
         chan = table.get(key)
         if chan is None:
-            chan = table[key] = Channel(cursor, self._buffer)
-            chan.closed = self.closed
+            chan = self._open(table, key, cursor)
         chan.refs += 1
+        return chan
+
+    def _open(
+        self, table: dict[str, Channel], key: str, cursor: Callable[[LogEvent], int]
+    ) -> Channel:
+        chan = table[key] = Channel(cursor, self._buffer)
+        chan.closed = self.closed  # opened during shutdown: its followers end at once
         return chan
 
     def _unsubscribe(self, table: dict[str, Channel], key: str, what: str) -> int:
