@@ -115,10 +115,12 @@ async def test_wall_budget_stops_a_running_step(
 
 
 async def test_run_wall_budget_refuses_late_steps(client: httpx.AsyncClient) -> None:
-    run_id = await make_run(client, budgets={"max_wall_ms": 150})
+    # long enough that the first submission lands inside it on a loaded machine (at 150 ms
+    # a slow PostgreSQL submission was itself refused, and its 409 carries no such header)
+    run_id = await make_run(client, budgets={"max_wall_ms": 1500})
     r = await submit(client, run_id, token="a")
     assert r.headers["X-Budget-Time-Remaining-Ms"].isdigit()
-    await asyncio.sleep(0.3)
+    await asyncio.sleep(1.6)
     late = await submit(client, run_id, token="b")
     assert late.status_code == 409
     assert late.json()["details"]["limit"] == "max_wall_ms"
