@@ -104,6 +104,11 @@ class Dispatcher:
             self._pool_hint = True
         self._wake.set()
 
+    def wake_all(self) -> None:
+        """Run a round soon for every lane (steps were queued again, or at start)."""
+        self._control_hint = True
+        self.wake()
+
     def pause(self) -> None:
         """Claim nothing more (a drain before shutdown); running steps go on."""
         self.paused = True
@@ -127,7 +132,7 @@ class Dispatcher:
             try:
                 await asyncio.wait_for(self._wake.wait(), self.poll_s)
             except TimeoutError:
-                self._control_hint = self._pool_hint = True
+                self._quiet_poll()
             self._wake.clear()
             if self._stopping:
                 return
@@ -139,6 +144,17 @@ class Dispatcher:
             except Exception:
                 log.exception("dispatch round failed")
                 await asyncio.sleep(self.poll_s)
+
+    def _quiet_poll(self) -> None:
+        """A wait ended with no wake-up: look where steps may wait unseen. Other processes
+        submit to a shared PostgreSQL: everywhere. On SQLite this process sees every
+        submission, requeue, freed slot and health refresh (each wakes it): only a lane whose
+        last round left steps queued needs another look (an idle server claims nothing)."""
+        if not self.db.is_sqlite:
+            self._control_hint = self._pool_hint = True
+            return
+        # the control lane's hint stays set while its last round left steps queued
+        self._pool_hint = any(self._backlog.get(p, True) for p in self.pools.pools)
 
     async def dispatch_once(self) -> int:
         if self.paused:

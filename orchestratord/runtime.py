@@ -161,7 +161,7 @@ class Orchestrator:
             price_of=self._price_of,
             running=lambda: list(self.dispatcher.executions),
             abandon=self.dispatcher.abandon,
-            requeued=self.dispatcher.wake,
+            requeued=self.dispatcher.wake_all,
         )
         self._background: set[asyncio.Task[object]] = set()
         self.tracing: tracing.Tracing | None = None  # started with the service
@@ -187,7 +187,7 @@ class Orchestrator:
         self.writer.start()
         self.dispatcher.start()
         self.keeper.start()
-        self.dispatcher.wake()
+        self.dispatcher.wake_all()
         self._spawn(self._watch_health())
 
     async def drain(self, deadline_s: float) -> None:

@@ -4,6 +4,7 @@ round that should have run and did not shows as a step that never starts."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -153,3 +154,29 @@ async def test_a_submission_that_does_not_commit_gives_its_slot_back(
     assert r.status_code == 500
     assert orch.pools.pools["local"].free_slots == 8
     assert (await slots.get(f"/v1/runs/{run_id}/steps")).json() == []
+
+
+async def test_an_idle_server_on_sqlite_runs_no_claim_round_on_its_polls(
+    db_url: str, rounds: list[str | None]
+) -> None:
+    """One process owns a SQLite file: every submission, requeue and health refresh wakes
+    the dispatcher, so a poll that found the queues empty last time has nothing to find."""
+    orch = Orchestrator(make_settings(db_url, dispatch={"poll_s": 0.02}, health_interval_s=3600.0))
+    await orch.start()
+    try:
+        async with (
+            serve_app(create_app(orchestrator=orch)) as url,
+            httpx.AsyncClient(base_url=url, timeout=30) as c,
+        ):
+            run_id = await make_run(c)
+            step_id = (await submit(c, run_id, token="a", max_tokens=2)).json()["step_id"]
+            await wait_status(c, step_id, "succeeded")
+            await asyncio.sleep(0.1)  # the rounds after it
+            rounds.clear()
+            await asyncio.sleep(0.3)  # some fifteen polls
+            assert rounds == []
+            # a submission still starts (with its submission, or by the round it wakes)
+            step_id = (await submit(c, run_id, token="b", max_tokens=2)).json()["step_id"]
+            await wait_status(c, step_id, "succeeded")
+    finally:
+        await orch.stop()
