@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import Depends, FastAPI
+from starlette.types import Receive, Scope, Send
 
 from orchestratord import __version__
 from orchestratord.api import errors, metrics_routes, openapi_doc
@@ -24,6 +25,15 @@ from orchestratord.runtime import Orchestrator
 from orchestratord.settings import Settings
 from orchestratord.steps import routes as steps
 from orchestratord.streams import routes as streams
+from orchestratord.streams.response import RAW_SEND
+
+
+class App(FastAPI):
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        # the server's own ``send``: a stream's frames after its response start go to it
+        # directly, past the middlewares that look only at the start (``streams/response.py``)
+        scope[RAW_SEND] = send
+        await super().__call__(scope, receive, send)
 
 
 def create_app(
@@ -45,7 +55,7 @@ def create_app(
         finally:
             await orch.stop()
 
-    app = FastAPI(
+    app = App(
         title="orchestratord",
         version=__version__,
         summary="Control plane for LLM agent work: flows, runs, steps, facts, pools; typed SSE.",

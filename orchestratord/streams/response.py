@@ -18,6 +18,11 @@ from typing import cast
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+# the server's ``send``, put in the scope by the app (``api/app.py``): every middleware here
+# looks at a response's start only (its status, its headers), so a stream's frames, a
+# keep-alive every 15 s on each idle stream, skip their wrappers
+RAW_SEND = "orchestratord.raw_send"
+
 _RAW_HEADERS: dict[tuple[tuple[str, str], ...], tuple[tuple[bytes, bytes], ...]] = {}
 
 
@@ -57,6 +62,7 @@ class EventStreamResponse(Response):
         watcher = asyncio.get_running_loop().create_task(watch())
         try:
             await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+            send = scope.get(RAW_SEND, send)
             async for chunk in self.frames:
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
             await send({"type": "http.response.body", "body": b"", "more_body": False})

@@ -4,13 +4,20 @@ it waits, headers encoded once for all streams."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 
+import httpx
 import pytest
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from orchestratord.api.app import create_app
 from orchestratord.eventlog import make_event
+from orchestratord.runtime import Orchestrator
 from orchestratord.streams.hub import Hub
-from orchestratord.streams.response import EventStreamResponse
+from orchestratord.streams.response import RAW_SEND, EventStreamResponse
 from orchestratord.streams.routes import SSE_HEADERS
+from test_harness.servers import serve_app
+from tests.helpers import make_run, submit
 
 
 def test_an_idle_channel_holds_no_tail_until_an_event_comes() -> None:
@@ -47,3 +54,65 @@ async def test_stream_responses_share_their_encoded_headers() -> None:
     assert (b"content-type", b"text/event-stream; charset=utf-8") in one.raw_headers
     with pytest.raises(AttributeError):  # shared, so it cannot be changed for one response
         one.raw_headers.append((b"x", b"y"))
+
+
+async def test_a_streams_frames_go_to_the_servers_send_past_the_middlewares() -> None:
+    """The middlewares look at a response's start; its frames (an idle stream's keep-alives)
+    go to the server's ``send`` the app put in the scope."""
+
+    async def frames() -> AsyncIterator[bytes]:
+        yield b": keep-alive\n\n"
+        yield b"id: 0\ndata: {}\n\n"
+
+    wrapped: list[str] = []
+    raw: list[bytes] = []
+
+    async def middleware_send(message: Message) -> None:
+        wrapped.append(message["type"])
+
+    async def server_send(message: Message) -> None:
+        raw.append(message["body"])
+
+    async def receive() -> Message:
+        await asyncio.Event().wait()  # the client stays
+        raise AssertionError
+
+    response = EventStreamResponse(frames(), headers=SSE_HEADERS)
+    scope = {"type": "http", RAW_SEND: server_send}
+    await response(scope, receive, middleware_send)
+    assert wrapped == ["http.response.start"]
+    assert raw == [b": keep-alive\n\n", b"id: 0\ndata: {}\n\n", b""]
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+async def test_the_app_hands_its_servers_send_to_stream_responses(
+    orch: Orchestrator,
+) -> None:
+    """Through the whole app: the start still passes the middlewares (its correlation id),
+    the frames reach the client, and a middleware around the routes sees no frame."""
+    seen: list[str] = []
+    app = create_app(orchestrator=orch)
+
+    def counting(inner: ASGIApp) -> ASGIApp:
+        async def call(scope: Scope, receive: Receive, send: Send) -> None:
+            async def counted(message: Message) -> None:
+                if scope["path"].endswith("/stream"):
+                    seen.append(message["type"])
+                await send(message)
+
+            await inner(scope, receive, counted)
+
+        return call
+
+    app.add_middleware(counting)  # type: ignore[arg-type]
+    async with (
+        serve_app(app) as url,
+        httpx.AsyncClient(base_url=url, timeout=30) as c,
+    ):
+        run_id = await make_run(c)
+        step_id = (await submit(c, run_id, token="a", max_tokens=3)).json()["step_id"]
+        async with c.stream("GET", f"/v1/steps/{step_id}/stream") as r:
+            assert r.headers["x-correlation-id"]
+            body = b"".join([chunk async for chunk in r.aiter_bytes()])
+    assert body.count(b"event: token") == 3 and b"event: end" in body
+    assert seen == ["http.response.start"]
