@@ -56,7 +56,10 @@ class StreamSettings(BaseModel):
 
 class DispatchSettings(BaseModel):
     poll_s: float = Field(
-        default=0.5, gt=0, description="How often the dispatcher looks for queued steps and cancels"
+        default=0.5,
+        gt=0,
+        description="How often the dispatcher looks for queued steps and cancels (on SQLite, "
+        "only where its last claim round left steps queued: every write there wakes it)",
     )
     max_pending_events: int = Field(
         default=20000, ge=100, description="Events waiting for commit before producers wait"

@@ -118,6 +118,7 @@ class Submission:
     price: Price | None = None
     tokens_in: int = 0
     verdict: str = "admit"
+    ahead_in_pool: bool = True  # a step of this priority or higher waits in its pool (Admit)
     start_on: Pool | None = None  # StartNow: the pool whose free slot the step may take
 
     @property
@@ -138,26 +139,40 @@ class Rule(Protocol):
     async def apply(self, sub: Submission) -> Submitted | None: ...
 
 
+# the run and the step its client_token already made, if one: one statement (a repeated
+# request is rare; its step is loaded only then)
+_RUN_AND_TOKEN = (
+    sa.select(Run, Step.step_id)
+    .outerjoin(
+        Step,
+        sa.and_(Step.run_id == Run.run_id, Step.client_token == sa.bindparam("token")),
+    )
+    .where(Run.run_id == sa.bindparam("run_id"))
+)
+
+
 class LoadRun:
     """The run exists; a repeated ``client_token`` answers with the first step; the run
     still takes steps."""
 
     async def apply(self, sub: Submission) -> Submitted | None:
-        run = await sub.session.get(Run, sub.run_id)
-        if run is None:
-            raise NotFound("run", sub.run_id)
-        sub.run = run
         body = sub.body
+        params = {"run_id": sub.run_id, "token": body.client_token}
+        found = (await sub.session.execute(_RUN_AND_TOKEN, params)).first()
+        if found is None:
+            raise NotFound("run", sub.run_id)
+        sub.run, repeated = found
         sub.request_hash = sha256_of(
             {
                 **body.model_dump(mode="json", exclude={"client_token", "input"}),
                 "input": body.input.model_dump(mode="json", exclude_unset=True),
             }
         )
-        existing = await by_token(sub.session, sub.run_id, body.client_token)
-        if existing is not None:
+        if repeated is not None:
+            existing = await by_token(sub.session, sub.run_id, body.client_token)
+            assert existing is not None  # steps are never deleted
             return sub.repeat(existing)
-        check_run_accepts_steps(RunStatus(run.status))
+        check_run_accepts_steps(RunStatus(sub.run.status))
         return None
 
 
@@ -304,10 +319,23 @@ class Quote:
         return None
 
 
-_QUEUED_AT_PRIORITY = (
+def _queued(**where: str) -> list[Any]:
+    """Queued steps whose ``column`` equals the parameter ``param``, for each given."""
+    clauses: list[Any] = [Step.status == StepStatus.QUEUED.value]
+    return clauses + [getattr(Step, col) == sa.bindparam(param) for col, param in where.items()]
+
+
+# the queue as admission and ``StartNow`` see it, in one statement: the steps waiting at this
+# priority, and whether a step of this priority or higher waits in the step's pool
+_QUEUE = sa.select(
     sa.select(sa.func.count())
     .select_from(Step)
-    .where(Step.status == StepStatus.QUEUED.value, Step.priority == sa.bindparam("priority"))
+    .where(*_queued(priority="priority"))
+    .scalar_subquery()
+    .label("at_priority"),
+    sa.exists()
+    .where(*_queued(pool_id="pool_id"), Step.priority_rank <= sa.bindparam("rank"))
+    .label("ahead_in_pool"),
 )
 
 
@@ -317,42 +345,28 @@ class Admit:
     async def apply(self, sub: Submission) -> Submitted | None:
         if not sub.kind.engine:
             return None
+        priority = sub.body.priority
         if not sub.sqlite:  # one admitter per priority at a time across processes
-            await admission_lock(sub.session, sub.body.priority)
-        queued = (
-            await sub.session.execute(_QUEUED_AT_PRIORITY, {"priority": sub.body.priority})
-        ).scalar_one()
-        sub.verdict = admit(sub.ctx.admission, priority=sub.body.priority, queued=queued)
+            await admission_lock(sub.session, priority)
+        params = {"priority": priority, "pool_id": sub.pool_id, "rank": PRIORITY_RANK[priority]}
+        queued, sub.ahead_in_pool = (await sub.session.execute(_QUEUE, params)).one()
+        sub.verdict = admit(sub.ctx.admission, priority=priority, queued=queued)
         return None
-
-
-_QUEUED_AHEAD = (
-    sa.select(Step.step_id)
-    .where(
-        Step.status == StepStatus.QUEUED.value,
-        Step.pool_id == sa.bindparam("pool_id"),
-        Step.priority_rank <= sa.bindparam("rank"),
-    )
-    .limit(1)
-)
 
 
 class StartNow:
     """Record runs: an engine step may start in its submission's transaction when its pool
     has a free slot and no step of its priority or higher waits in that pool's queue (the
-    queue's order holds). ``Insert`` takes the slot."""
+    queue's order holds; ``Admit`` looked). ``Insert`` takes the slot."""
 
     async def apply(self, sub: Submission) -> Submitted | None:
         starter = sub.ctx.starter
         if starter is None or not sub.kind.engine or sub.target is not None:
             return None
-        if sub.verdict != "admit" or sub.pool_id is None or not starter.may_start():
+        if sub.verdict != "admit" or sub.pool_id is None or sub.ahead_in_pool:
             return None
         pool = sub.ctx.pools.require(sub.pool_id)
-        if pool.free_slots <= 0:
-            return None
-        params = {"pool_id": pool.pool_id, "rank": PRIORITY_RANK[sub.body.priority]}
-        if (await sub.session.execute(_QUEUED_AHEAD, params)).first() is None:
+        if pool.free_slots > 0 and starter.may_start():
             sub.start_on = pool
         return None
 

@@ -39,7 +39,7 @@ def encode_frames(events: list[LogEvent], *, run_cursor: bool) -> bytes:
 
 
 async def _follow(
-    channel: Channel,
+    subscribe: Callable[[], Channel],
     read: Reader,
     cursor: int,
     *,
@@ -48,6 +48,7 @@ async def _follow(
     poll_s: float,
     keepalive_s: float,
     state: dict[str, bool],
+    on_close: Callable[[Channel], object],
     ended_before: EndedBefore | None = None,
     narrate: QueueNarration | None = None,
 ) -> AsyncIterator[bytes]:
@@ -55,59 +56,66 @@ async def _follow(
     # process poked the channel (it appended here), and after a quiet wait of ``poll_s``.
     # With wake-ups (or one process, SQLite) ``poll_s`` is long: idle followers sleep. After
     # ``keepalive_s`` without a frame, a keep-alive comment goes out (the response has no
-    # timer of its own).
+    # timer of its own). ``on_close`` runs when it stops (``state["ended"]``: it sent the end);
+    # the response iterates this generator itself: a wrapper generator would cost every
+    # frame and every keep-alive a step more.
     # the channel's poke count at our last read of the log; -1: read now (a whole channel
     # holds what the log holds while its tail reaches back to the cursor)
-    seen = channel.foreign if channel.whole else -1
-    clock = asyncio.get_running_loop().time
-    ping_at = clock() + keepalive_s
-    look_at: float | None = None  # when the current quiet wait ends
-    while True:
-        if channel.closed:  # shutting down: the client resumes elsewhere at its cursor
-            return
-        events = channel.take(cursor, batch)
-        if events == [] and channel.ended_before(cursor):
-            state["ended"] = True  # resumed after the terminal event: nothing follows
-            return
-        if events is None or (not events and seen != channel.foreign):
-            seen = channel.foreign
-            events = await read(cursor, batch)
-            if len(events) >= batch:  # the log may hold more: the tail cannot tell, read on
-                seen = -1
-            if not events and ended_before is not None and await ended_before(cursor):
+    channel = subscribe()  # on the first frame asked for: a stream never started holds none
+    try:
+        seen = channel.foreign if channel.whole else -1
+        clock = asyncio.get_running_loop().time
+        ping_at = clock() + keepalive_s
+        look_at: float | None = None  # when the current quiet wait ends
+        while True:
+            if channel.closed:  # shutting down: the client resumes elsewhere at its cursor
+                return
+            events = channel.take(cursor, batch)
+            if events == [] and channel.ended_before(cursor):
                 state["ended"] = True  # resumed after the terminal event: nothing follows
                 return
-        if events:
-            yield encode_frames(events, run_cursor=run_cursor)
-            ping_at = clock() + keepalive_s
-            look_at = None
-            last = events[-1]
-            cursor = (last.run_seq if run_cursor else (last.seq or 0)) + 1
-            if last.terminal if not run_cursor else last.type == RUN_END:
-                state["ended"] = True
-                return
-            continue
-        # a queued step is told where it waits after a quiet wait (not at the start: most
-        # steps start at once, and a stream's start is on the time-to-first-token path)
-        waiting = narrate if narrate is not None and narrate.active else None
-        quiet = poll_s if waiting is None else min(poll_s, waiting.poll_s)
-        now = clock()
-        if now >= ping_at:
-            yield KEEPALIVE
-            ping_at = now + keepalive_s
-        if look_at is None:
-            look_at = now + quiet
-        if now < look_at:
-            if await channel.wait(cursor, min(look_at, ping_at) - now):
-                look_at = None  # something came: the quiet wait starts over
-                if not channel.whole:  # if the tail has nothing at the cursor, the log tells
+            if events is None or (not events and seen != channel.foreign):
+                seen = channel.foreign
+                events = await read(cursor, batch)
+                if len(events) >= batch:  # the log may hold more: the tail cannot tell, read on
                     seen = -1
-            continue
-        look_at = None
-        seen = -1  # a quiet wait: look in the log again
-        if waiting is not None and (frame := await waiting()):
-            yield frame
-            ping_at = clock() + keepalive_s
+                if not events and ended_before is not None and await ended_before(cursor):
+                    state["ended"] = True  # resumed after the terminal event: nothing follows
+                    return
+            if events:
+                yield encode_frames(events, run_cursor=run_cursor)
+                ping_at = clock() + keepalive_s
+                look_at = None
+                last = events[-1]
+                cursor = (last.run_seq if run_cursor else (last.seq or 0)) + 1
+                if last.terminal if not run_cursor else last.type == RUN_END:
+                    state["ended"] = True
+                    return
+                continue
+            # a queued step is told where it waits after a quiet wait (not at the start: most
+            # steps start at once, and a stream's start is on the time-to-first-token path)
+            waiting = narrate if narrate is not None and narrate.active else None
+            quiet = poll_s if waiting is None else min(poll_s, waiting.poll_s)
+            now = clock()
+            if now >= ping_at:
+                yield KEEPALIVE
+                ping_at = now + keepalive_s
+            if look_at is None:
+                look_at = now + quiet
+            if now < look_at:
+                if await channel.wait(cursor, min(look_at, ping_at) - now):
+                    look_at = None  # something came: the quiet wait starts over
+                    if not channel.whole:  # if the tail has nothing at the cursor, the log tells
+                        seen = -1
+                continue
+            look_at = None
+            seen = -1  # a quiet wait: look in the log again
+            if waiting is not None and (frame := await waiting()):
+                yield frame
+                ping_at = clock() + keepalive_s
+
+    finally:
+        on_close(channel)
 
 
 class QueueNarration:
@@ -145,11 +153,10 @@ def _poll_s(orch: Orchestrator) -> float:
     return orch.settings.stream.poll_s
 
 
-async def follow_step(
+def follow_step(
     orch: Orchestrator, step_id: str, from_seq: int, *, cancel_on_disconnect: bool
 ) -> AsyncIterator[bytes]:
     settings = orch.settings.stream
-    channel = orch.hub.subscribe_step(step_id)
     state = {"ended": False}
 
     async def read(cursor: int, limit: int) -> list[LogEvent]:
@@ -158,29 +165,28 @@ async def follow_step(
     async def ended_before(cursor: int) -> bool:
         return await step_ended_before(orch.db, step_id, cursor)
 
-    try:
-        async for chunk in _follow(
-            channel,
-            read,
-            from_seq,
-            run_cursor=False,
-            batch=settings.read_batch,
-            poll_s=_poll_s(orch),
-            keepalive_s=settings.keepalive_s,
-            state=state,
-            ended_before=ended_before,
-            narrate=QueueNarration(orch, step_id),
-        ):
-            yield chunk
-    finally:
+    def on_close(channel: Channel) -> None:
         remaining = orch.hub.unsubscribe_step(step_id)
         if cancel_on_disconnect and remaining == 0 and not state["ended"] and not channel.closed:
             orch.cancel_step_soon(step_id)
 
+    return _follow(
+        lambda: orch.hub.subscribe_step(step_id),
+        read,
+        from_seq,
+        run_cursor=False,
+        batch=settings.read_batch,
+        poll_s=_poll_s(orch),
+        keepalive_s=settings.keepalive_s,
+        state=state,
+        on_close=on_close,
+        ended_before=ended_before,
+        narrate=QueueNarration(orch, step_id),
+    )
 
-async def follow_run(orch: Orchestrator, run_id: str, from_run_seq: int) -> AsyncIterator[bytes]:
+
+def follow_run(orch: Orchestrator, run_id: str, from_run_seq: int) -> AsyncIterator[bytes]:
     settings = orch.settings.stream
-    channel = orch.hub.subscribe_run(run_id)
 
     async def read(cursor: int, limit: int) -> list[LogEvent]:
         return await read_run_events(orch.db, run_id, cursor, limit)
@@ -188,18 +194,15 @@ async def follow_run(orch: Orchestrator, run_id: str, from_run_seq: int) -> Asyn
     async def ended_before(cursor: int) -> bool:
         return await run_ended_before(orch.db, run_id, cursor)
 
-    try:
-        async for chunk in _follow(
-            channel,
-            read,
-            from_run_seq,
-            run_cursor=True,
-            batch=settings.read_batch,
-            poll_s=_poll_s(orch),
-            keepalive_s=settings.keepalive_s,
-            state={"ended": False},
-            ended_before=ended_before,
-        ):
-            yield chunk
-    finally:
-        orch.hub.unsubscribe_run(run_id)
+    return _follow(
+        lambda: orch.hub.subscribe_run(run_id),
+        read,
+        from_run_seq,
+        run_cursor=True,
+        batch=settings.read_batch,
+        poll_s=_poll_s(orch),
+        keepalive_s=settings.keepalive_s,
+        state={"ended": False},
+        on_close=lambda _channel: orch.hub.unsubscribe_run(run_id),
+        ended_before=ended_before,
+    )

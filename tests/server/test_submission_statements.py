@@ -1,0 +1,81 @@
+"""A submission's statements: each costs a round trip and its share of the request's CPU,
+so the rules share what they read. An engine step that starts with its submission runs four:
+the run with the step its token made (if any), the queue (its length at the priority and
+whether a step waits ahead in the pool), the reservation, the insert."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from sqlalchemy import event
+
+from orchestratord.runtime import Orchestrator
+from tests.helpers import make_run, submit, wait_status
+
+
+class Statements:
+    """The statements of the next transaction that commits (locks and savepoints left out)."""
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+        self.open = False
+
+    def start(self) -> None:
+        self.seen, self.open = [], True
+
+    def statement(self, _c: Any, _cur: Any, statement: str, *_a: Any) -> None:
+        text = " ".join(statement.split())
+        if self.open and text.split(" ", 1)[0] in ("SELECT", "INSERT", "UPDATE", "DELETE"):
+            if "pg_advisory" not in text:
+                self.seen.append(text[:70])
+
+    def commit(self, _conn: Any) -> None:
+        self.open = False
+
+
+@pytest.fixture
+def statements(orch: Orchestrator) -> Iterator[Statements]:
+    counter = Statements()
+    engine = orch.db.engine.sync_engine
+    event.listen(engine, "before_cursor_execute", counter.statement)
+    event.listen(engine, "commit", counter.commit)
+    try:
+        yield counter
+    finally:
+        event.remove(engine, "before_cursor_execute", counter.statement)
+        event.remove(engine, "commit", counter.commit)
+
+
+async def test_an_engine_step_is_submitted_in_four_statements(
+    orch: Orchestrator, client: httpx.AsyncClient, statements: Statements
+) -> None:
+    run_id = await make_run(client)
+    await wait_status(
+        client, (await submit(client, run_id, token="w")).json()["step_id"], "succeeded"
+    )
+    statements.start()
+    r = await submit(client, run_id, token="a", max_tokens=2)
+    assert r.status_code == 202 and r.json()["status"] == "running", r.text
+    assert len(statements.seen) == 4, statements.seen
+    assert statements.seen[0].startswith("SELECT runs.run_id")
+    assert statements.seen[-1].startswith("INSERT INTO steps")
+    await wait_status(client, r.json()["step_id"], "succeeded")
+
+
+async def test_a_repeated_token_answers_with_its_first_step(
+    orch: Orchestrator, client: httpx.AsyncClient, statements: Statements
+) -> None:
+    run_id = await make_run(client)
+    first = await submit(client, run_id, token="same", max_tokens=2)
+    await wait_status(client, first.json()["step_id"], "succeeded")
+    statements.start()
+    again = await submit(client, run_id, token="same", max_tokens=2)
+    assert again.status_code == 200 and again.json()["step_id"] == first.json()["step_id"]
+    # the run with the token's step id, then that step: nothing reserved or inserted
+    assert [s.split(" ", 1)[0] for s in statements.seen] == ["SELECT", "SELECT"], statements.seen
+    different = await submit(client, run_id, token="same", max_tokens=3)
+    assert different.status_code == 409, different.text
+    assert different.json()["details"]["step_id"] == first.json()["step_id"]
