@@ -16,6 +16,7 @@ into one transaction (group commit), and a producer waits only when more than
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections import defaultdict
@@ -93,6 +94,38 @@ _TAKE_RUN_SEQ = (
 )
 _TOKEN = EventType.TOKEN.value
 
+
+def _marks(style: str, first: int, n: int) -> list[str]:
+    """``n`` positional parameter markers from the ``first`` (1-based) on."""
+    return ["?"] * n if style == "qmark" else [f"${i}" for i in range(first, first + n)]
+
+
+@functools.lru_cache(maxsize=64)
+def _take_run_seqs_sql(style: str, n: int) -> str:
+    """Take cursors for ``n`` runs at once: (run_id, count) pairs, then the n run ids.
+
+    Driver SQL: an expression built for every commit (a CASE of n branches, its parameters,
+    its cache key) costs more than the statement itself."""
+    marks = _marks(style, 1, 3 * n)
+    # the count typed: PostgreSQL would infer a CASE of untyped parameters as text
+    whens = " ".join(
+        f"WHEN {marks[2 * i]} THEN CAST({marks[2 * i + 1]} AS BIGINT)" for i in range(n)
+    )
+    ids = ", ".join(marks[2 * n :])
+    return (
+        f"UPDATE runs SET event_seq = event_seq + CASE run_id {whens} END "
+        f"WHERE run_id IN ({ids}) RETURNING run_id, event_seq"
+    )
+
+
+@functools.lru_cache(maxsize=64)
+def _lock_runs_sql(style: str, n: int) -> str:
+    """PostgreSQL: the runs' rows locked in run_id order before the update (no deadlock
+    between two writers' updates, which would lock them in the order the scan finds them)."""
+    ids = ", ".join(_marks(style, 1, n))
+    return f"SELECT run_id FROM runs WHERE run_id IN ({ids}) ORDER BY run_id FOR NO KEY UPDATE"
+
+
 # PostgreSQL: every transaction that appends events also NOTIFYs this channel with the keys it
 # touched (``s:<step_id>``, ``r:<run_id>``, or ``*``), prefixed by the writing process's
 # origin. Delivered at commit, never carrying events: other processes' followers wake and
@@ -161,22 +194,13 @@ async def insert_events(session: AsyncSession, events: Sequence[LogEvent]) -> li
                 )
             ).scalar_one()
         }
-    else:  # one statement for every run in the batch
+    else:  # one statement for every run in the batch, its text made once per run count
+        style, n = conn.dialect.paramstyle, len(runs)
         if conn.dialect.name == "postgresql":
-            await conn.execute(
-                sa.select(_RUNS.c.run_id)
-                .where(_RUNS.c.run_id.in_(runs))
-                .order_by(_RUNS.c.run_id)
-                .with_for_update(key_share=True)
-            )
-        counts = sa.case({r: len(per_run[r]) for r in runs}, value=_RUNS.c.run_id)
-        rows = await conn.execute(
-            _RUNS.update()
-            .where(_RUNS.c.run_id.in_(runs))
-            .values(event_seq=_RUNS.c.event_seq + counts)
-            .returning(_RUNS.c.run_id, _RUNS.c.event_seq)
-        )
-        tops = {run_id: top for run_id, top in rows}
+            await conn.exec_driver_sql(_lock_runs_sql(style, n), tuple(runs))
+        params = tuple(x for r in runs for x in (r, len(per_run[r]))) + tuple(runs)
+        rows = await conn.exec_driver_sql(_take_run_seqs_sql(style, n), params)
+        tops = dict(cast(list[tuple[str, int]], rows.all()))
     ordered: list[LogEvent] = []
     for run_id in runs:
         batch = _by_step(per_run[run_id])
