@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol, cast
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -62,37 +62,39 @@ async def read_ledger(session: AsyncSession, *, run_id: str) -> Ledger:
     return Ledger(*row)
 
 
+_RUNS = cast(sa.Table, Run.__table__)  # Core statements: no ORM bulk-update pass
 _NO_LIMIT = 2**62  # stands for an unset limit, so one prepared statement serves every run
 _RESERVE = (
-    sa.update(Run)
+    _RUNS.update()
     .where(
-        Run.run_id == sa.bindparam("b_run_id"),
-        Run.tokens_in_used + Run.tokens_in_reserved + sa.bindparam("tokens_in", type_=sa.BigInteger)
+        _RUNS.c.run_id == sa.bindparam("b_run_id"),
+        _RUNS.c.tokens_in_used
+        + _RUNS.c.tokens_in_reserved
+        + sa.bindparam("tokens_in", type_=sa.BigInteger)
         <= sa.bindparam("max_in", type_=sa.BigInteger),
-        Run.tokens_out_used
-        + Run.tokens_out_reserved
+        _RUNS.c.tokens_out_used
+        + _RUNS.c.tokens_out_reserved
         + sa.bindparam("tokens_out", type_=sa.BigInteger)
         <= sa.bindparam("max_out", type_=sa.BigInteger),
-        Run.cost_used_usd + Run.cost_reserved_usd + sa.bindparam("cost", type_=sa.Float)
+        _RUNS.c.cost_used_usd + _RUNS.c.cost_reserved_usd + sa.bindparam("cost", type_=sa.Float)
         <= sa.bindparam("max_cost", type_=sa.Float),
     )
     .values(
-        step_count=Run.step_count + 1,
-        updated_at=sa.bindparam("b_now", type_=Run.__table__.c.updated_at.type),
-        tokens_in_reserved=Run.tokens_in_reserved + sa.bindparam("tokens_in"),
-        tokens_out_reserved=Run.tokens_out_reserved + sa.bindparam("tokens_out"),
-        cost_reserved_usd=Run.cost_reserved_usd + sa.bindparam("cost"),
+        step_count=_RUNS.c.step_count + 1,
+        updated_at=sa.bindparam("b_now", type_=_RUNS.c.updated_at.type),
+        tokens_in_reserved=_RUNS.c.tokens_in_reserved + sa.bindparam("tokens_in"),
+        tokens_out_reserved=_RUNS.c.tokens_out_reserved + sa.bindparam("tokens_out"),
+        cost_reserved_usd=_RUNS.c.cost_reserved_usd + sa.bindparam("cost"),
     )
     .returning(
-        Run.step_count,
-        Run.tokens_in_used,
-        Run.tokens_out_used,
-        Run.cost_used_usd,
-        Run.tokens_in_reserved,
-        Run.tokens_out_reserved,
-        Run.cost_reserved_usd,
+        _RUNS.c.step_count,
+        _RUNS.c.tokens_in_used,
+        _RUNS.c.tokens_out_used,
+        _RUNS.c.cost_used_usd,
+        _RUNS.c.tokens_in_reserved,
+        _RUNS.c.tokens_out_reserved,
+        _RUNS.c.cost_reserved_usd,
     )
-    .execution_options(synchronize_session=False)
 )
 
 
@@ -156,18 +158,19 @@ async def settle(
 
 
 _SETTLE = (
-    sa.update(Run)
-    .where(Run.run_id == sa.bindparam("b_run_id"))
+    _RUNS.update()
+    .where(_RUNS.c.run_id == sa.bindparam("b_run_id"))
     .values(
-        tokens_in_used=Run.tokens_in_used + sa.bindparam("used_in", type_=sa.BigInteger),
-        tokens_out_used=Run.tokens_out_used + sa.bindparam("used_out", type_=sa.BigInteger),
-        cost_used_usd=Run.cost_used_usd + sa.bindparam("used_cost", type_=sa.Float),
-        unpriced_steps=Run.unpriced_steps + sa.bindparam("unpriced", type_=sa.Integer),
-        tokens_in_reserved=Run.tokens_in_reserved - sa.bindparam("held_in", type_=sa.BigInteger),
-        tokens_out_reserved=Run.tokens_out_reserved - sa.bindparam("held_out", type_=sa.BigInteger),
-        cost_reserved_usd=Run.cost_reserved_usd - sa.bindparam("held_cost", type_=sa.Float),
-        updated_at=sa.bindparam("b_now", type_=Run.__table__.c.updated_at.type),
+        tokens_in_used=_RUNS.c.tokens_in_used + sa.bindparam("used_in", type_=sa.BigInteger),
+        tokens_out_used=_RUNS.c.tokens_out_used + sa.bindparam("used_out", type_=sa.BigInteger),
+        cost_used_usd=_RUNS.c.cost_used_usd + sa.bindparam("used_cost", type_=sa.Float),
+        unpriced_steps=_RUNS.c.unpriced_steps + sa.bindparam("unpriced", type_=sa.Integer),
+        tokens_in_reserved=_RUNS.c.tokens_in_reserved
+        - sa.bindparam("held_in", type_=sa.BigInteger),
+        tokens_out_reserved=_RUNS.c.tokens_out_reserved
+        - sa.bindparam("held_out", type_=sa.BigInteger),
+        cost_reserved_usd=_RUNS.c.cost_reserved_usd - sa.bindparam("held_cost", type_=sa.Float),
+        updated_at=sa.bindparam("b_now", type_=_RUNS.c.updated_at.type),
     )
-    .returning(Run.status, Run.ended_at)
-    .execution_options(synchronize_session=False)
+    .returning(_RUNS.c.status, _RUNS.c.ended_at)
 )
