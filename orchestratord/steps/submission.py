@@ -6,14 +6,15 @@ or refuses by raising a domain error that the HTTP layer maps (422, 403, 409, 42
 The rules never ask which kind of step they hold: they call the kind's protocol
 (``steps/kinds``). In order:
 
-    LoadRun -> ResolveKind -> Place -> Police -> BoundPrompt -> MatchRecord -> Quote -> Admit
-    -> StartNow -> Insert
+    LoadRun -> ResolveKind -> Place -> Police -> BoundPrompt -> MatchRecord -> Quote -> StartNow
+    -> Admit -> Insert
 
 In a replay run ``Place`` takes the run's row lock and matches the recorded step at the
 step's position; ``MatchRecord`` serves a step no engine runs again from the record (or
 ends it with ``REPLAY_MISS``) without price or admission. In a record run an engine step
-whose pool has a free slot, with nothing queued ahead of it there, is inserted running
-(``StartNow``): its execution begins once the submission commits, with no claim of its own.
+whose pool has a free slot, with nothing queued ahead of it there, takes the slot and is
+inserted running (``StartNow``): its execution begins once the submission commits, with no
+claim of its own; it never waits, so admission (which bounds the queue) does not count it.
 """
 
 from __future__ import annotations
@@ -118,8 +119,7 @@ class Submission:
     price: Price | None = None
     tokens_in: int = 0
     verdict: str = "admit"
-    ahead_in_pool: bool = True  # a step of this priority or higher waits in its pool (Admit)
-    start_on: Pool | None = None  # StartNow: the pool whose free slot the step may take
+    slot: Slot | None = None  # StartNow: the free slot the step took
 
     @property
     def session(self) -> AsyncSession:
@@ -325,49 +325,68 @@ def _queued(**where: str) -> list[Any]:
     return clauses + [getattr(Step, col) == sa.bindparam(param) for col, param in where.items()]
 
 
-# the queue as admission and ``StartNow`` see it, in one statement: the steps waiting at this
-# priority, and whether a step of this priority or higher waits in the step's pool
-_QUEUE = sa.select(
-    sa.select(sa.func.count())
-    .select_from(Step)
-    .where(*_queued(priority="priority"))
-    .scalar_subquery()
-    .label("at_priority"),
-    sa.exists()
-    .where(*_queued(pool_id="pool_id"), Step.priority_rank <= sa.bindparam("rank"))
-    .label("ahead_in_pool"),
+# a step of this priority or higher waits in the pool
+_AHEAD_IN_POOL = sa.select(
+    sa.exists().where(*_queued(pool_id="pool_id"), Step.priority_rank <= sa.bindparam("rank"))
+)
+_QUEUED_AT_PRIORITY = (
+    sa.select(sa.func.count()).select_from(Step).where(*_queued(priority="priority"))
 )
 
 
-class Admit:
-    """Engine kinds wait in a bounded queue per priority (429, or drop the oldest)."""
+@dataclass
+class Slot:
+    """A slot ``StartNow`` took; given back once, whichever way the submission fails."""
 
-    async def apply(self, sub: Submission) -> Submitted | None:
-        if not sub.kind.engine:
-            return None
-        priority = sub.body.priority
-        if not sub.sqlite:  # one admitter per priority at a time across processes
-            await admission_lock(sub.session, priority)
-        params = {"priority": priority, "pool_id": sub.pool_id, "rank": PRIORITY_RANK[priority]}
-        queued, sub.ahead_in_pool = (await sub.session.execute(_QUEUE, params)).one()
-        sub.verdict = admit(sub.ctx.admission, priority=priority, queued=queued)
-        return None
+    pool: Pool
+    replica: Replica
+    held: bool = True
+
+    def release(self) -> None:
+        if self.held:
+            self.held = False
+            self.pool.release(self.replica)
 
 
 class StartNow:
-    """Record runs: an engine step may start in its submission's transaction when its pool
-    has a free slot and no step of its priority or higher waits in that pool's queue (the
-    queue's order holds; ``Admit`` looked). ``Insert`` takes the slot."""
+    """Record runs: an engine step starts in its submission's transaction when its pool has a
+    free slot (its session's replica's, where the engine keeps sessions) and no step of its
+    priority or higher waits in that pool's queue (the queue's order holds). It takes the
+    slot here; the slot goes back if the submission does not commit."""
 
     async def apply(self, sub: Submission) -> Submitted | None:
         starter = sub.ctx.starter
         if starter is None or not sub.kind.engine or sub.target is not None:
             return None
-        if sub.verdict != "admit" or sub.pool_id is None or sub.ahead_in_pool:
+        if sub.pool_id is None or not starter.may_start():
             return None
         pool = sub.ctx.pools.require(sub.pool_id)
-        if pool.free_slots > 0 and starter.may_start():
-            sub.start_on = pool
+        if pool.free_slots <= 0:
+            return None
+        params = {"pool_id": pool.pool_id, "rank": PRIORITY_RANK[sub.body.priority]}
+        if (await sub.session.execute(_AHEAD_IN_POOL, params)).scalar_one():
+            return None
+        replica = starter.slot_for(pool, sub.run)  # taken meanwhile, or its session's is busy
+        if replica is not None:
+            sub.slot = slot = Slot(pool, replica)
+            sub.tx.on_rollback(slot.release)
+        return None
+
+
+class Admit:
+    """Engine kinds wait in a bounded queue per priority (429, or drop the oldest). A step
+    that took a free slot never waits: it is not counted, and takes no admission lock."""
+
+    async def apply(self, sub: Submission) -> Submitted | None:
+        if not sub.kind.engine or sub.slot is not None:
+            return None
+        priority = sub.body.priority
+        if not sub.sqlite:  # one admitter per priority at a time across processes
+            await admission_lock(sub.session, priority)
+        queued = (
+            await sub.session.execute(_QUEUED_AT_PRIORITY, {"priority": priority})
+        ).scalar_one()
+        sub.verdict = admit(sub.ctx.admission, priority=priority, queued=queued)
         return None
 
 
@@ -391,6 +410,8 @@ class Insert:
             existing = await by_token(sub.session, sub.run_id, sub.body.client_token)
             if existing is None:
                 raise
+            if sub.slot is not None:  # the transaction goes on (and commits): give it back here
+                sub.slot.release()
             return sub.repeat(existing)
         return Submitted(step, True, ledger, sub.run)
 
@@ -444,35 +465,27 @@ class Insert:
         if target is not None and target.recorded is not None:
             step.replay_of = target.recorded.step_id
             step.replica_id = target.recorded.replica_id  # pinned: the dispatcher honours it
-        started = self._take_slot(sub, step)
+        started = self._claim(sub, step)
         try:  # a Core insert of the whole row: the unit of work costs more than the insert
             await session.execute(_INSERT_STEP, {c: getattr(step, c) for c in _STEP_COLUMNS})
         except BaseException:
-            if started is not None and started.pool and started.replica:
-                started.pool.release(started.replica)
+            if sub.slot is not None:  # the savepoint's failure need not end the transaction
+                sub.slot.release()
             raise
         if started is not None:
-            self._begin_after_commit(sub, started)
+            starter = sub.ctx.starter
+            assert starter is not None
+            sub.tx.after_commit(lambda: starter.begin(started))
         return step, ledger_after
 
     @staticmethod
-    def _take_slot(sub: Submission, step: Step) -> ClaimedStep | None:
-        """``StartNow`` found the pool free: the step takes a slot and is inserted running."""
-        pool, starter = sub.start_on, sub.ctx.starter
-        if pool is None or starter is None:
+    def _claim(sub: Submission, step: Step) -> ClaimedStep | None:
+        """``StartNow`` took a slot: the step is inserted running, leased, on its replica."""
+        slot, starter = sub.slot, sub.ctx.starter
+        if slot is None or starter is None:
             return None
-        replica = starter.slot_for(pool, sub.run)
-        if replica is None:  # the session's replica is busy: it waits in the queue
-            return None
-        starter.claim(step, replica)
-        return ClaimedStep(step, sub.run, sub.price, pool, replica)
-
-    @staticmethod
-    def _begin_after_commit(sub: Submission, started: ClaimedStep) -> None:
-        pool, replica, starter = started.pool, started.replica, sub.ctx.starter
-        assert pool is not None and replica is not None and starter is not None
-        sub.tx.on_rollback(lambda: pool.release(replica))
-        sub.tx.after_commit(lambda: starter.begin(started))
+        starter.claim(step, slot.replica)
+        return ClaimedStep(step, sub.run, sub.price, slot.pool, slot.replica)
 
 
 RULES: tuple[Rule, ...] = (
@@ -483,8 +496,8 @@ RULES: tuple[Rule, ...] = (
     BoundPrompt(),
     MatchRecord(),
     Quote(),
-    Admit(),
     StartNow(),
+    Admit(),
     Insert(),
 )
 

@@ -5,13 +5,12 @@ from __future__ import annotations
 import re
 from collections.abc import AsyncIterator
 
-from fastapi import APIRouter, Depends, Header, Query, Request
+from fastapi import APIRouter, Header, Query, Request
 
 from contracts.bounds import MAX_INT
 from orchestrator_core.errors import InvalidParams, LimitExceeded
 from orchestrator_core.keys import Principal
 from orchestratord.api.auth import READ
-from orchestratord.api.deps import orchestrator
 from orchestratord.runs.service import get_run
 from orchestratord.runtime import Orchestrator
 from orchestratord.steps.queries import cancel_on_disconnect
@@ -85,9 +84,9 @@ async def stream_step(
     after: int | None = Query(
         default=None, ge=-1, le=MAX_INT, description="resume after this seq (-1..2^53-1)"
     ),
-    orch: Orchestrator = Depends(orchestrator),
     principal: Principal | None = READ,
 ) -> EventStreamResponse:
+    orch: Orchestrator = request.app.state.orchestrator
     start = _resume_from(last_event_id, after, raw_after=request.query_params.get("after"))
     _admit(orch, step_id)
     known = orch.hub.known_step(step_id)  # run here: the step exists, nothing to read
@@ -107,9 +106,9 @@ async def stream_run(
     after: int | None = Query(
         default=None, ge=-1, le=MAX_INT, description="resume after this run cursor (-1..2^53-1)"
     ),
-    orch: Orchestrator = Depends(orchestrator),
     principal: Principal | None = READ,
 ) -> EventStreamResponse:
+    orch: Orchestrator = request.app.state.orchestrator
     start = _resume_from(last_event_id, after, raw_after=request.query_params.get("after"))
     _admit(orch, None)
     async with orch.db.read() as session:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -132,3 +133,52 @@ async def test_interactive_first_then_fifo(rejecting: httpx.AsyncClient) -> None
     for t, sid in ids.items():
         started[t] = (await wait_status(c, sid, "succeeded"))["started_at"]
     assert sorted(started, key=lambda t: started[t]) == ["i1", "i2", "b1", "b2"]
+
+
+async def test_a_step_that_starts_at_once_is_not_refused_by_a_full_queue(
+    db_url: str, tmp_path: Path
+) -> None:
+    """The queue bounds steps that wait: a step whose pool has a free slot does not wait,
+    even while another pool's backlog fills its priority's queue."""
+    pools = tmp_path / "pools.yaml"
+    pools.write_text(
+        "pools:\n"
+        "  - {pool_id: busy, engine: sim, replicas: [{replica_id: r1, slots: 1}]}\n"
+        "  - {pool_id: idle, engine: sim, replicas: [{replica_id: r1, slots: 1}]}\n"
+    )
+    settings = make_settings(
+        db_url,
+        pools_file=pools,
+        sim={"tokens_per_s": 100.0},
+        admission={"interactive_capacity": 1, "on_full": "reject"},
+    )
+    orch = Orchestrator(settings)
+    await orch.start()
+    try:
+        transport = httpx.ASGITransport(app=create_app(orchestrator=orch))
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
+            run_id = await make_run(c)
+
+            async def on(pool: str, token: str) -> httpx.Response:
+                return await c.post(
+                    f"/v1/runs/{run_id}/steps",
+                    json={
+                        "type": "llm_call",
+                        "client_token": token,
+                        "placement": {"pin": pool},
+                        "input": {"prompt": "x", "params": {"max_tokens": 300}},
+                    },
+                )
+
+            assert (await on("busy", "running")).json()["status"] == "running"
+            assert (await on("busy", "waits")).json()["status"] == "queued"
+            refused = await on("busy", "refused")
+            assert refused.status_code == 429, refused.text
+            assert refused.json()["details"]["queued"] == 1
+            started = await on("idle", "starts")
+            assert started.status_code == 202, started.text
+            assert started.json()["status"] == "running"
+            # the slot taken, the next step for that pool waits and finds the queue full
+            assert (await on("idle", "after")).status_code == 429
+    finally:
+        await orch.stop()

@@ -156,6 +156,24 @@ async def test_a_submission_that_does_not_commit_gives_its_slot_back(
     assert (await slots.get(f"/v1/runs/{run_id}/steps")).json() == []
 
 
+async def test_a_step_refused_after_taking_its_slot_gives_it_back(
+    slots: httpx.AsyncClient,
+) -> None:
+    """The slot is taken before the reservation: a step its budget refuses leaves it."""
+    orch = _ORCH[-1]
+    run_id = await make_run(slots, budgets={"max_tokens_out": 2})
+    spent = await submit(slots, run_id, token="spent", max_tokens=2)
+    await wait_status(slots, spent.json()["step_id"], "succeeded")
+    refused = await submit(slots, run_id, token="refused", max_tokens=2)
+    assert refused.status_code == 409 and refused.json()["code"] == "BUDGET_EXCEEDED"
+    assert orch.pools.pools["local"].free_slots == 8
+    other = await make_run(slots)
+    fits = await submit(slots, other, token="fits", max_tokens=2)
+    assert fits.json()["status"] == "running", fits.text
+    await wait_status(slots, fits.json()["step_id"], "succeeded")
+    assert orch.pools.pools["local"].free_slots == 8
+
+
 async def test_an_idle_server_on_sqlite_runs_no_claim_round_on_its_polls(
     db_url: str, rounds: list[str | None]
 ) -> None:

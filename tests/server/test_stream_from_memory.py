@@ -10,11 +10,12 @@ from typing import Any
 
 import httpx
 import pytest
-from fastapi import Response
+from fastapi import Request
 from pydantic import TypeAdapter
 from sqlalchemy import event
 
 from contracts.steps import StepCreate
+from orchestratord.api.app import create_app
 from orchestratord.eventlog import LogEvent, make_event
 from orchestratord.runtime import Orchestrator
 from orchestratord.steps import routes
@@ -167,7 +168,8 @@ async def test_a_submission_that_fails_leaves_no_expected_channel(
     )
     run_id = await make_run(live)
     with pytest.raises(RuntimeError):
-        await routes.submit_step(run_id, body, Response(), orch=orch, principal=None)
+        request = Request({"type": "http", "app": create_app(orchestrator=orch), "headers": []})
+        await routes.submit_step(run_id, body, request, principal=None)
     assert expected and orch.hub.known_step(expected[0]) is None
     r = await live.get(f"/v1/runs/{run_id}/steps")
     assert r.status_code == 200 and r.json() == []  # rolled back: nothing stored
