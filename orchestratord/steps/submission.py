@@ -466,12 +466,8 @@ class Insert:
             step.replay_of = target.recorded.step_id
             step.replica_id = target.recorded.replica_id  # pinned: the dispatcher honours it
         started = self._claim(sub, step)
-        try:  # a Core insert of the whole row: the unit of work costs more than the insert
-            await session.execute(_INSERT_STEP, {c: getattr(step, c) for c in _STEP_COLUMNS})
-        except BaseException:
-            if sub.slot is not None:  # the savepoint's failure need not end the transaction
-                sub.slot.release()
-            raise
+        # a Core insert of the whole row: the unit of work costs more than the insert
+        await session.execute(_INSERT_STEP, {c: getattr(step, c) for c in _STEP_COLUMNS})
         if started is not None:
             starter = sub.ctx.starter
             assert starter is not None
