@@ -478,12 +478,25 @@ async def test_fast_mode_lets_other_tasks_run() -> None:
     assert ticks_during >= 10
 
 
-async def test_paced_mode_sleeps_between_tokens(sleeps: list[float]) -> None:
+async def test_paced_mode_sleeps_between_tokens(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a clock that moves only while the adapter sleeps (a loaded machine cannot put it
+    behind schedule), every token waits one token interval."""
+    loop = asyncio.get_running_loop()
+    now = [loop.time()]
+    delays: list[float] = []
+    real_sleep = asyncio.sleep
+
+    async def virtual_sleep(delay: float, result: Any = None) -> Any:
+        delays.append(delay)
+        now[0] += max(delay, 0.0)
+        return await real_sleep(0, result)
+
+    monkeypatch.setattr(asyncio, "sleep", virtual_sleep)
+    monkeypatch.setattr(loop, "time", lambda: now[0])
     adapter = SimAdapter(tokens_per_s=1000, eos_probability=0.0)
     tokens, _ = split(await collect(adapter, req(max_tokens=5)))
     assert len(tokens) == 5
-    assert sleeps  # waits for the token rate ...
-    assert all(0 < d <= 2 / 1000 for d in sleeps)  # ... a token interval at most
+    assert delays == pytest.approx([1 / 1000] * 5)
 
 
 def test_negative_rate_refused() -> None:
