@@ -145,7 +145,7 @@ async def _resume(plan: dict[str, Any]) -> list[int]:
 
     async def follower() -> list[int]:
         frames = _follow(
-            channel,
+            lambda: channel,
             read,
             _resume_from(str(plan["last_id"]), None),
             run_cursor=run,
@@ -153,6 +153,7 @@ async def _resume(plan: dict[str, Any]) -> list[int]:
             poll_s=3600.0,  # only commits wake it: a lost wake-up hangs, and fails below
             keepalive_s=3600.0,
             state={"ended": False},
+            on_close=lambda _channel: None,
             ended_before=ended_before,
         )
         text = b"".join([chunk async for chunk in frames]).decode()
