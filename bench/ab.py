@@ -6,7 +6,11 @@ starts a server from checkout A, measures, then one from checkout B, and so on; 
 is the median over rounds.
 
     .venv/bin/python bench/ab.py --a /path/to/before --b . [--rounds 3] [--pg]
-        [--a-env ORCHESTRATORD_LOOP=asyncio ...] [--b-env ...]
+        [--a-env ORCHESTRATORD_LOOP=asyncio ...] [--b-env ...] [--idle-streams 10000]
+
+``--idle-streams N`` adds the idle row to every round (``bench/idle_followers.py``: N idle
+run streams held ``--idle-seconds``, the server's CPU share of a core and its RSS), on the
+same interleaving; at 10,000 streams a round takes about a minute more per side.
 
 Writes ``bench/results/ab.json``.
 """
@@ -16,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import resource
 import statistics
 import sys
 import tempfile
@@ -25,7 +30,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench import latency  # noqa: E402
+from bench import idle_followers, latency  # noqa: E402
 
 
 def flat(rows: dict[str, Any]) -> dict[str, float]:
@@ -45,6 +50,19 @@ async def measure_on(
     async def one(url: str) -> dict[str, float]:
         rows = await latency.orchestratord(str(tree), url, pools, {**env, **extra}, tmp, a, tree)
         return flat(rows)
+
+    async def idle(url: str) -> dict[str, float]:
+        row = await idle_followers.measure(url, a.idle_streams, a.idle_seconds, str(tmp), tree)
+        return {
+            "idle_cpu_share": row["server_cpu_share_of_a_core"],
+            "idle_rss_mib": row["rss_mib_total"],
+        }
+
+    if a.idle_streams:
+        return {
+            **await latency.on_database(label, a, one, tmp),
+            **await latency.on_database(label, a, idle, tmp),
+        }
 
     return await latency.on_database(label, a, one, tmp)
 
@@ -94,10 +112,15 @@ def main() -> None:
     ap.add_argument("--b-env", nargs="*", default=[])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--timeout-s", type=float, default=300.0, help="per server and round")
+    ap.add_argument("--idle-streams", type=int, default=0, help="0: no idle row")
+    ap.add_argument("--idle-seconds", type=float, default=30.0)
     latency.add_workload_args(ap, idle_probes=20)
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "ab.json"))
     a = ap.parse_args()
     a.repeat = 1  # one measurement per side and round; the rounds give the median
+    if a.idle_streams:  # the client holds a socket per stream
+        _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 2 * a.idle_streams + 1024), hard))
     out = asyncio.run(main_async(a))
     Path(a.out).write_text(json.dumps(out, indent=2, default=str) + "\n")
     for name, row in out["median"].items():

@@ -52,11 +52,18 @@ async def open_stream(port: int, run_id: str) -> tuple[asyncio.StreamReader, asy
     return reader, writer
 
 
-async def measure(database_url: str, streams: int, seconds: float, tmp: str) -> dict[str, Any]:
+async def measure(
+    database_url: str, streams: int, seconds: float, tmp: str, tree: Path | None = None
+) -> dict[str, Any]:
+    """``tree``: the checkout whose server runs (this one by default)."""
     port = free_port()
     argv = [sys.executable, "-m", "orchestratord", "serve", "--engine", "sim"]
     argv += ["--port", str(port), "--database-url", database_url]
-    server = Server("orchestratord", argv, server_env({}), port, Path(tmp) / "server.log")
+    env = server_env({})
+    server = Server("orchestratord", argv, env, port, Path(tmp) / "server.log")
+    if tree is not None:
+        env["PYTHONPATH"] = str(tree)
+        server.cwd = tree
     await server.start(timeout_s=120)
     assert server.proc is not None
     pid = server.proc.pid
