@@ -123,6 +123,32 @@ async def reserve(
     return row[0] - 1, Ledger(*row[1:])
 
 
+_UNRESERVE = (
+    _RUNS.update()
+    .where(_RUNS.c.run_id == sa.bindparam("b_run_id"))
+    .values(
+        step_count=_RUNS.c.step_count - 1,
+        tokens_in_reserved=_RUNS.c.tokens_in_reserved
+        - sa.bindparam("tokens_in", type_=sa.BigInteger),
+        tokens_out_reserved=_RUNS.c.tokens_out_reserved
+        - sa.bindparam("tokens_out", type_=sa.BigInteger),
+        cost_reserved_usd=_RUNS.c.cost_reserved_usd - sa.bindparam("cost", type_=sa.Float),
+    )
+)
+
+
+async def unreserve(session: AsyncSession, *, run_id: str, reservation: Reservation) -> None:
+    """Give back, in the same transaction, what ``reserve`` took (the position and the
+    reservation): the run's row is still locked by that update, so nothing came between."""
+    params = {
+        "b_run_id": run_id,
+        "tokens_in": reservation.tokens_in,
+        "tokens_out": reservation.tokens_out,
+        "cost": reservation.cost_usd,
+    }
+    await session.execute(_UNRESERVE, params)
+
+
 async def settle(
     session: AsyncSession,
     *,

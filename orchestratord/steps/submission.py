@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
 import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -46,7 +47,7 @@ from orchestratord.policies import policy_of
 from orchestratord.pools.registry import Pool, PoolRegistry, Replica
 from orchestratord.prices import PriceBook
 from orchestratord.replay.steps import ReplayTarget, lock_run, replay_target, serve_recorded
-from orchestratord.runs.ledger import read_ledger, reserve
+from orchestratord.runs.ledger import read_ledger, reserve, unreserve
 from orchestratord.steps.kinds import kind_of
 from orchestratord.steps.kinds.base import StepKind
 from orchestratord.steps.queries import by_token, ledger_of, same_request
@@ -393,6 +394,15 @@ class Admit:
 _STEP_TABLE = cast(sa.Table, Step.__table__)
 _STEP_COLUMNS = tuple(c.key for c in _STEP_TABLE.columns)
 _INSERT_STEP = _STEP_TABLE.insert()
+_INSERT_STEP_UNLESS_TOKEN = (
+    pg_insert(_STEP_TABLE)
+    .on_conflict_do_nothing(index_elements=["run_id", "client_token"])
+    .returning(_STEP_TABLE.c.step_id)
+)
+
+
+class _TokenTaken(Exception):
+    """The step's client_token was taken by a submission that committed meanwhile."""
 
 
 class Insert:
@@ -404,9 +414,12 @@ class Insert:
             step, ledger = await self._reserve_and_insert(sub)
             return Submitted(step, True, ledger, sub.run)
         try:
-            async with sub.session.begin_nested():
-                step, ledger = await self._reserve_and_insert(sub)
-        except IntegrityError:
+            if sub.verdict == "drop_oldest":  # a victim ended: undone with the savepoint
+                async with sub.session.begin_nested():
+                    step, ledger = await self._reserve_and_insert(sub)
+            else:  # the insert gives way to the step that took the token (no savepoint)
+                step, ledger = await self._reserve_and_insert(sub, on_conflict=True)
+        except (IntegrityError, _TokenTaken):
             existing = await by_token(sub.session, sub.run_id, sub.body.client_token)
             if existing is None:
                 raise
@@ -433,7 +446,9 @@ class Insert:
             run_elapsed_ms=elapsed_ms,
         )
 
-    async def _reserve_and_insert(self, sub: Submission) -> tuple[Step, Ledger]:
+    async def _reserve_and_insert(
+        self, sub: Submission, *, on_conflict: bool = False
+    ) -> tuple[Step, Ledger]:
         session, run_id = sub.session, sub.run_id
         ledger = ledger_of(sub.run)  # current on SQLite (the write lock is ours); re-read if stale
         run_limits = Limits.from_dict(sub.run.budgets)
@@ -467,7 +482,13 @@ class Insert:
             step.replica_id = target.recorded.replica_id  # pinned: the dispatcher honours it
         started = self._claim(sub, step)
         # a Core insert of the whole row: the unit of work costs more than the insert
-        await session.execute(_INSERT_STEP, {c: getattr(step, c) for c in _STEP_COLUMNS})
+        row = {c: getattr(step, c) for c in _STEP_COLUMNS}
+        if on_conflict:  # PostgreSQL: a concurrent submission of the token committed first
+            if (await session.execute(_INSERT_STEP_UNLESS_TOKEN, row)).first() is None:
+                await unreserve(session, run_id=run_id, reservation=reservation)
+                raise _TokenTaken
+        else:
+            await session.execute(_INSERT_STEP, row)
         if started is not None:
             starter = sub.ctx.starter
             assert starter is not None

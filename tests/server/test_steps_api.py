@@ -124,6 +124,12 @@ async def test_sixteen_concurrent_repeats_run_once(
         ).scalar_one()
     assert n_steps == 1
     assert n_started == 1
+    # the fifteen that lost the token gave back the position and the tokens they reserved
+    run = (await client.get(f"/v1/runs/{run_id}")).json()
+    assert run["step_count"] == 1
+    assert run["reserved"] == {"tokens_in": 0, "tokens_out": 0, "cost_usd": 0.0}
+    nxt = await submit(client, run_id, token="next")
+    assert (await client.get(f"/v1/steps/{nxt.json()['step_id']}")).json()["position"] == 1
 
 
 async def test_token_reused_for_other_request_conflicts(client: httpx.AsyncClient) -> None:

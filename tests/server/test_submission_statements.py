@@ -1,7 +1,8 @@
 """A submission's statements: each costs a round trip and its share of the request's CPU,
 so the rules share what they read. An engine step that starts with its submission runs four:
 the run with the step its token made (if any), whether a step waits ahead in its pool, the
-reservation, the insert; it takes no admission lock (it never waits in the queue)."""
+reservation, the insert; it takes no admission lock (it never waits in the queue) and, on
+PostgreSQL, no savepoint (its insert gives way to a concurrent submission of its token)."""
 
 from __future__ import annotations
 
@@ -17,19 +18,22 @@ from tests.helpers import make_run, submit, wait_status
 
 
 class Statements:
-    """The statements of the next transaction that commits (savepoints left out)."""
+    """The statements of the next transaction that commits."""
 
     def __init__(self) -> None:
         self.seen: list[str] = []
         self.open = False
+        self.savepoints = 0
 
     def start(self) -> None:
-        self.seen, self.open = [], True
+        self.seen, self.open, self.savepoints = [], True, 0
 
     def statement(self, _c: Any, _cur: Any, statement: str, *_a: Any) -> None:
         text = " ".join(statement.split())
         if self.open and text.split(" ", 1)[0] in ("SELECT", "INSERT", "UPDATE", "DELETE"):
             self.seen.append(text[:70])
+        elif self.open and text.startswith("SAVEPOINT"):
+            self.savepoints += 1
 
     def commit(self, _conn: Any) -> None:
         self.open = False
@@ -59,6 +63,7 @@ async def test_an_engine_step_is_submitted_in_four_statements(
     r = await submit(client, run_id, token="a", max_tokens=2)
     assert r.status_code == 202 and r.json()["status"] == "running", r.text
     assert len(statements.seen) == 4, statements.seen
+    assert statements.savepoints == 0
     assert statements.seen[0].startswith("SELECT runs.run_id")
     assert statements.seen[-1].startswith("INSERT INTO steps")
     await wait_status(client, r.json()["step_id"], "succeeded")
