@@ -43,7 +43,7 @@ FORBIDDEN = {
 
 def _imports(path: Path) -> set[str]:
     tree = ast.parse(path.read_text())
-    names = set()
+    names: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             names.update(a.name.split(".")[0] for a in node.names)

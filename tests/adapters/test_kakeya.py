@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any, cast
 
-import grpc
+import grpc  # type: ignore[import-untyped]
 import pytest
 
 from contracts.protos import load
@@ -96,6 +96,7 @@ async def test_a_session_carries_only_the_new_tokens_on_each_turn(
     session = adapter.open_session()
     first, _ = await run(adapter, req(session=session))
     sid = session.session_id
+    assert sid is not None
     prompt2 = PROMPT + "".join(t.text for t in first) + "flow seed "
     second, finish = await run(adapter, req(prompt2, request_id="r2", session=session))
     held = runtime.store.sessions[sid]
@@ -272,6 +273,7 @@ async def test_closing_the_iterator_cancels_the_call(
 ) -> None:
     release = runtime.faults.hold(after_tokens=1)
     stream = adapter.stream(req(max_tokens=50))
+    assert isinstance(stream, AsyncGenerator)
     await anext(stream)
     await stream.aclose()
     release.set()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 
 import pytest
 
@@ -130,6 +130,7 @@ async def test_cancel_closes_upstream(fake: tuple[FakeState, OpenAIAdapter]) -> 
     state, adapter = fake
     state.faults = Faults(token_delay_s=0.05)
     gen = adapter.stream(req(max_tokens=200))
+    assert isinstance(gen, AsyncGenerator)
     first = await gen.__anext__()
     assert isinstance(first, Token)
     assert state.active == 1

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from google.protobuf import descriptor_pb2
+from google.protobuf import descriptor_pb2  # type: ignore[import-untyped]
 
 from contracts.protos import build, load
 

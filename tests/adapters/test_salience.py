@@ -8,7 +8,7 @@ import math
 from collections.abc import AsyncIterator
 from typing import Any, cast
 
-import grpc
+import grpc  # type: ignore[import-untyped]
 import pytest
 
 from contracts.protos import load
@@ -259,7 +259,7 @@ async def test_server_validation_rules(runtime: RunningRuntime) -> None:
             return [e async for e in stub.Generate(PB.GenerateRequest(session_id=sid, **kw))]
 
         await generate(append_tokens=[1, 2, 3])
-        cases = [
+        cases: list[tuple[dict[str, Any], Any]] = [
             ({"offset": 2, "append_tokens": [4]}, grpc.StatusCode.FAILED_PRECONDITION),
             ({"offset": 5, "truncating": True}, grpc.StatusCode.FAILED_PRECONDITION),
             (

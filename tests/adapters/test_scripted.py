@@ -18,9 +18,9 @@ from worker_adapters.base import (
     WorkerAdapter,
 )
 from worker_adapters.errors import AdapterError, EngineFailure, EngineUnavailable
-from worker_adapters.scripted import Delay, ScriptedAdapter
+from worker_adapters.scripted import Delay, ScriptedAdapter, ScriptItem
 
-SCRIPT = [
+SCRIPT: list[ScriptItem] = [
     Token("Hel", token_id=1),
     Token("lo", token_id=2, logprob=-0.5),
     Finish(stop_reason="eos", tokens_in=3, tokens_out=2),

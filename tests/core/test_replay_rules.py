@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from orchestrator_core.replay import (
@@ -168,7 +170,7 @@ def test_timing_stops_cap_the_rerun(stop: str) -> None:
 
 
 def test_recorded_stream_from_events() -> None:
-    events = [
+    events: list[dict[str, Any]] = [
         {"type": "started"},
         {"type": "token", "t": "x", "token_id": 3},
         {"type": "token", "t": "y", "token_id": None},

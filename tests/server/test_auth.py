@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -78,7 +77,7 @@ async def _call(
     client: httpx.AsyncClient, method: str, path: str, key: str | None
 ) -> httpx.Response:
     headers = {"Authorization": f"Bearer {key}"} if key is not None else {}
-    body = {} if method != "GET" else None
+    body: dict[str, Any] | None = {} if method != "GET" else None
     return await client.request(method, path, headers=headers, json=body)
 
 
@@ -185,7 +184,7 @@ async def test_closed_metrics(db_url: str) -> None:
 
 
 @pytest.fixture
-async def captured(caplog: pytest.LogCaptureFixture) -> AsyncIterator[pytest.LogCaptureFixture]:
+async def captured(caplog: pytest.LogCaptureFixture) -> pytest.LogCaptureFixture:
     caplog.set_level(logging.DEBUG)
     return caplog
 

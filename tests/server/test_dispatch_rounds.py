@@ -14,6 +14,7 @@ import pytest
 from orchestratord import dispatcher
 from orchestratord.api.app import create_app
 from orchestratord.runtime import Orchestrator
+from orchestratord.steps.queries import claim_queued
 from test_harness.servers import serve_app
 from tests.conftest import make_settings
 from tests.helpers import make_run, submit, wait_status
@@ -25,7 +26,7 @@ pytestmark = pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 def rounds(monkeypatch: pytest.MonkeyPatch) -> list[str | None]:
     """The pool of every claim round the dispatcher runs."""
     seen: list[str | None] = []
-    claim = dispatcher.claim_queued
+    claim = claim_queued  # what the dispatcher imported
 
     async def counted(session: Any, *, pool_id: str | None, **kw: Any) -> Any:
         seen.append(pool_id)
@@ -106,7 +107,7 @@ async def test_a_step_with_a_free_slot_starts_with_its_submission(
 
 
 async def _submit(c: httpx.AsyncClient, run_id: str, token: str, priority: str) -> httpx.Response:
-    body = {"type": "llm_call", "client_token": token, "priority": priority}
+    body: dict[str, Any] = {"type": "llm_call", "client_token": token, "priority": priority}
     body["input"] = {"prompt": "p", "params": {"max_tokens": 2}}
     return await c.post(f"/v1/runs/{run_id}/steps", json=body)
 

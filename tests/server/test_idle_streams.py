@@ -104,7 +104,7 @@ async def test_the_app_hands_its_servers_send_to_stream_responses(
 
         return call
 
-    app.add_middleware(counting)  # type: ignore[arg-type]
+    app.add_middleware(counting)
     async with (
         serve_app(app) as url,
         httpx.AsyncClient(base_url=url, timeout=30) as c,

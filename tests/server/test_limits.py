@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, MutableMapping
 from typing import Any
 
 import httpx
@@ -96,8 +96,8 @@ async def test_a_content_length_beside_chunked_transfer_is_not_taken_as_the_size
     async def receive() -> dict[str, Any]:
         return {"type": "http.request", "body": chunks.pop(0), "more_body": bool(chunks)}
 
-    async def send(message: dict[str, Any]) -> None:
-        sent.append(message)
+    async def send(message: MutableMapping[str, Any]) -> None:
+        sent.append(dict(message))
 
     scope = {
         "type": "http",

@@ -11,7 +11,7 @@ from jsonschema import Draft202012Validator
 
 from tests.helpers import make_flow, make_run, read_stream, wait_status
 
-ADD = {
+ADD: dict[str, Any] = {
     "name": "add",
     "description": "add two integers",
     "parameters": {
@@ -22,7 +22,7 @@ ADD = {
     },
     "executor": {"kind": "builtin", "name": "echo"},
 }
-ECHO = {
+ECHO: dict[str, Any] = {
     "name": "echo",
     "description": "say a text back",
     "parameters": {
@@ -32,7 +32,7 @@ ECHO = {
     },
     "executor": {"kind": "builtin", "name": "echo"},
 }
-SCHEMAS = {t["name"]: t["parameters"] for t in (ADD, ECHO)}
+SCHEMAS: dict[str, Any] = {t["name"]: t["parameters"] for t in (ADD, ECHO)}
 
 
 async def plan(

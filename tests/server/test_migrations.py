@@ -28,7 +28,7 @@ async def test_upgrade_downgrade_and_no_drift(db_url: str) -> None:
         )
 
         def diff(sync_conn: Any) -> list[Any]:
-            return compare_metadata(MigrationContext.configure(sync_conn), Base.metadata)
+            return list(compare_metadata(MigrationContext.configure(sync_conn), Base.metadata))
 
         async with db.engine.connect() as conn:
             changes = await conn.run_sync(diff)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import grpc
+import grpc  # type: ignore[import-untyped]
 import httpx
 import pytest
 
@@ -76,7 +76,7 @@ async def rig_for(engine: str, tmp_path: Path, **options: Any) -> AsyncIterator[
             slots=2,
             options={"tokenizer": "sim", **options},
         )
-        spec = PoolSpec(pool_id="p", engine=engine, replicas=[replica])  # type: ignore[arg-type]
+        spec = PoolSpec(pool_id="p", engine=engine, replicas=[replica])
         orch = Orchestrator(settings, pools=build_registry([spec], settings))
         await orch.start()
         try:

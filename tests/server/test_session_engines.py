@@ -54,7 +54,7 @@ async def client(
         replica = ReplicaSpec(
             replica_id="r1", url=url, model="sim-1", slots=2, options={"tokenizer": "sim"}
         )
-        spec = PoolSpec(pool_id="p", engine=engine, replicas=[replica])  # type: ignore[arg-type]
+        spec = PoolSpec(pool_id="p", engine=engine, replicas=[replica])
         orch = Orchestrator(settings, pools=build_registry([spec], settings))
         await orch.start()
         try:
@@ -122,7 +122,7 @@ async def two_replicas(
             )
             for i, rt in enumerate((rt1, rt2), start=1)
         ]
-        spec = PoolSpec(pool_id="p", engine=engine, replicas=replicas)  # type: ignore[arg-type]
+        spec = PoolSpec(pool_id="p", engine=engine, replicas=replicas)
         orch = Orchestrator(settings, pools=build_registry([spec], settings))
         await orch.start()
         try:

@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from orchestratord.api.app import create_app
-from orchestratord.eventlog import LogEvent
+from orchestratord.eventlog import LogEvent, read_run_events
 from orchestratord.runtime import Orchestrator
 from orchestratord.settings import Settings
 from test_harness.servers import serve_app
@@ -273,7 +273,7 @@ async def test_idle_followers_read_the_log_only_when_they_cannot_be_woken(
     import orchestratord.streams.sse as sse
 
     reads: list[int] = []
-    real = sse.read_run_events
+    real = read_run_events
 
     async def counting(*args: object, **kwargs: object) -> list[LogEvent]:
         reads.append(1)
