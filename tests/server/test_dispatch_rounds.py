@@ -13,11 +13,12 @@ import pytest
 
 from orchestratord import dispatcher
 from orchestratord.api.app import create_app
+from orchestratord.pools.registry import Replica
 from orchestratord.runtime import Orchestrator
 from orchestratord.steps.queries import claim_queued
 from test_harness.servers import serve_app
 from tests.conftest import make_settings
-from tests.helpers import make_run, submit, wait_status
+from tests.helpers import make_flow, make_run, submit, wait_status
 
 pytestmark = pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 
@@ -197,5 +198,51 @@ async def test_an_idle_server_on_sqlite_runs_no_claim_round_on_its_polls(
             # a submission still starts (with its submission, or by the round it wakes)
             step_id = (await submit(c, run_id, token="b", max_tokens=2)).json()["step_id"]
             await wait_status(c, step_id, "succeeded")
+    finally:
+        await orch.stop()
+
+
+async def test_a_step_pinned_to_a_busy_replica_starts_when_that_replica_frees(
+    db_url: str,
+) -> None:
+    """A strict_replay step waits for its recorded replica while another is free. When a step
+    ends there, the slot it frees starts it: the round that passed it over left its pool
+    marked as holding a backlog, so a freed slot looks (the poll is a minute away)."""
+    orch = Orchestrator(
+        make_settings(
+            db_url,
+            dispatch={"poll_s": 60.0},
+            health_interval_s=3600.0,
+            sim={"tokens_per_s": 100.0, "slots": 1},
+        )
+    )
+    await orch.start()
+    try:
+        async with (
+            serve_app(create_app(orchestrator=orch)) as url,
+            httpx.AsyncClient(base_url=url, timeout=30) as c,
+        ):
+            flow_id = await make_flow(c, {"pinned": 1})
+            source = await make_run(c, flow_id)
+            recorded = (await submit(c, source, "t0", "prompt 0", max_tokens=4)).json()
+            await wait_status(c, recorded["step_id"], "succeeded")
+            pool = orch.pools.pools["local"]
+            r0 = pool.replicas[0]
+            r1 = Replica("r1", r0.adapter, slots=1)
+            pool.replicas.append(r1)
+            r1.busy = r1.slots  # so the long step lands on r0
+            long_run = await make_run(c, flow_id)
+            long = (await submit(c, long_run, "long", "long", max_tokens=60)).json()["step_id"]
+            assert (await wait_status(c, long, "running"))["replica_id"] == "r0"
+            r1.busy = 0
+            r = await c.post(
+                f"/v1/flows/{flow_id}/runs", json={"mode": "strict_replay", "source_run_id": source}
+            )
+            strict = r.json()["run_id"]
+            pinned = (await submit(c, strict, "t0", "prompt 0", max_tokens=4)).json()["step_id"]
+            assert (await c.get(f"/v1/steps/{pinned}")).json()["status"] == "queued"
+            await wait_status(c, long, "succeeded")
+            step = await wait_status(c, pinned, "succeeded", "failed")
+            assert step["replica_id"] == "r0" and step["replay_outcome"] == "identical"
     finally:
         await orch.stop()
