@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TypedDict
 
 import orjson
 
@@ -47,8 +48,7 @@ async def _follow(
     batch: int,
     poll_s: float,
     keepalive_s: float,
-    state: dict[str, bool],
-    on_close: Callable[[Channel], object],
+    on_close: Callable[[Channel, bool], object],
     ended_before: EndedBefore | None = None,
     narrate: QueueNarration | None = None,
 ) -> AsyncIterator[bytes]:
@@ -56,12 +56,14 @@ async def _follow(
     # process poked the channel (it appended here), and after a quiet wait of ``poll_s``.
     # With wake-ups (or one process, SQLite) ``poll_s`` is long: idle followers sleep. After
     # ``keepalive_s`` without a frame, a keep-alive comment goes out (the response has no
-    # timer of its own). ``on_close`` runs when it stops (``state["ended"]``: it sent the end);
+    # timer of its own). ``on_close(channel, ended)`` runs when it stops (``ended``: it sent
+    # the end, or the cursor was past it);
     # the response iterates this generator itself: a wrapper generator would cost every
     # frame and every keep-alive a step more.
     # the channel's poke count at our last read of the log; -1: read now (a whole channel
     # holds what the log holds while its tail reaches back to the cursor)
     channel = subscribe()  # on the first frame asked for: a stream never started holds none
+    ended = False
     try:
         seen = channel.foreign if channel.whole else -1
         clock = asyncio.get_running_loop().time
@@ -72,7 +74,7 @@ async def _follow(
                 return
             events = channel.take(cursor, batch)
             if events == [] and channel.ended_before(cursor):
-                state["ended"] = True  # resumed after the terminal event: nothing follows
+                ended = True  # resumed after the terminal event: nothing follows
                 return
             if events is None or (not events and seen != channel.foreign):
                 seen = channel.foreign
@@ -80,7 +82,7 @@ async def _follow(
                 if len(events) >= batch:  # the log may hold more: the tail cannot tell, read on
                     seen = -1
                 if not events and ended_before is not None and await ended_before(cursor):
-                    state["ended"] = True  # resumed after the terminal event: nothing follows
+                    ended = True  # resumed after the terminal event: nothing follows
                     return
             if events:
                 yield encode_frames(events, run_cursor=run_cursor)
@@ -89,7 +91,7 @@ async def _follow(
                 last = events[-1]
                 cursor = (last.run_seq if run_cursor else (last.seq or 0)) + 1
                 if last.terminal if not run_cursor else last.type == RUN_END:
-                    state["ended"] = True
+                    ended = True
                     return
                 continue
             # a queued step is told where it waits after a quiet wait (not at the start: most
@@ -113,9 +115,8 @@ async def _follow(
             if waiting is not None and (frame := await waiting()):
                 yield frame
                 ping_at = clock() + keepalive_s
-
     finally:
-        on_close(channel)
+        on_close(channel, ended)
 
 
 class QueueNarration:
@@ -153,21 +154,34 @@ def _poll_s(orch: Orchestrator) -> float:
     return orch.settings.stream.poll_s
 
 
+class _Pacing(TypedDict):
+    batch: int
+    poll_s: float
+    keepalive_s: float
+
+
+def _pacing(orch: Orchestrator) -> _Pacing:
+    """How a follower of this service reads and waits (``_follow``'s settings)."""
+    settings = orch.settings.stream
+    return {
+        "batch": settings.read_batch,
+        "poll_s": _poll_s(orch),
+        "keepalive_s": settings.keepalive_s,
+    }
+
+
 def follow_step(
     orch: Orchestrator, step_id: str, from_seq: int, *, cancel_on_disconnect: bool
 ) -> AsyncIterator[bytes]:
-    settings = orch.settings.stream
-    state = {"ended": False}
-
     async def read(cursor: int, limit: int) -> list[LogEvent]:
         return await read_step_events(orch.db, step_id, cursor, limit)
 
     async def ended_before(cursor: int) -> bool:
         return await step_ended_before(orch.db, step_id, cursor)
 
-    def on_close(channel: Channel) -> None:
+    def on_close(channel: Channel, ended: bool) -> None:
         remaining = orch.hub.unsubscribe_step(step_id)
-        if cancel_on_disconnect and remaining == 0 and not state["ended"] and not channel.closed:
+        if cancel_on_disconnect and remaining == 0 and not ended and not channel.closed:
             orch.cancel_step_soon(step_id)
 
     return _follow(
@@ -175,10 +189,7 @@ def follow_step(
         read,
         from_seq,
         run_cursor=False,
-        batch=settings.read_batch,
-        poll_s=_poll_s(orch),
-        keepalive_s=settings.keepalive_s,
-        state=state,
+        **_pacing(orch),
         on_close=on_close,
         ended_before=ended_before,
         narrate=QueueNarration(orch, step_id),
@@ -186,8 +197,6 @@ def follow_step(
 
 
 def follow_run(orch: Orchestrator, run_id: str, from_run_seq: int) -> AsyncIterator[bytes]:
-    settings = orch.settings.stream
-
     async def read(cursor: int, limit: int) -> list[LogEvent]:
         return await read_run_events(orch.db, run_id, cursor, limit)
 
@@ -199,10 +208,7 @@ def follow_run(orch: Orchestrator, run_id: str, from_run_seq: int) -> AsyncItera
         read,
         from_run_seq,
         run_cursor=True,
-        batch=settings.read_batch,
-        poll_s=_poll_s(orch),
-        keepalive_s=settings.keepalive_s,
-        state={"ended": False},
-        on_close=lambda _channel: orch.hub.unsubscribe_run(run_id),
+        **_pacing(orch),
+        on_close=lambda _channel, _ended: orch.hub.unsubscribe_run(run_id),
         ended_before=ended_before,
     )

@@ -152,8 +152,7 @@ async def _resume(plan: dict[str, Any]) -> list[int]:
             batch=plan["batch"],
             poll_s=3600.0,  # only commits wake it: a lost wake-up hangs, and fails below
             keepalive_s=3600.0,
-            state={"ended": False},
-            on_close=lambda _channel: None,
+            on_close=lambda _channel, _ended: None,
             ended_before=ended_before,
         )
         text = b"".join([chunk async for chunk in frames]).decode()
