@@ -32,6 +32,7 @@ from contracts.events import EventBase, NarrationEvent
 from orchestrator_core.event_order import TERMINAL_TYPES, EventOrder, EventType
 from orchestratord.db.engine import Database
 from orchestratord.db.models import Event, Run
+from orchestratord.db.prepared import Prepared, sqlite_driver
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +87,7 @@ _INSERT_SQL = {
     "numeric_dollar": "INSERT INTO events (run_id, run_seq, step_id, seq, type, data, span) "
     "VALUES ($1, $2, $3, $4, $5, $6, $7)",
 }
-_TAKE_RUN_SEQ = (
+_TAKE_RUN_SEQ = Prepared(
     _RUNS.update()
     .where(_RUNS.c.run_id == sa.bindparam("b_run_id"))
     .values(event_seq=_RUNS.c.event_seq + sa.bindparam("b_count", type_=sa.BigInteger))
@@ -181,26 +182,20 @@ def _rows(events: list[LogEvent]) -> list[tuple[Any, ...]]:
 async def insert_events(session: AsyncSession, events: Sequence[LogEvent]) -> list[LogEvent]:
     """Append ``events`` in this transaction, assigning their run cursors; returns them in
     run-cursor order (each run's grouped by step), the order to publish them in."""
-    conn = await session.connection()
     per_run: dict[str, list[LogEvent]] = defaultdict(list)
     for ev in events:
         per_run[ev.run_id].append(ev)
     runs = sorted(per_run)  # a fixed lock order: no deadlock between writers
+    dialect = session.get_bind().dialect
     if len(runs) == 1:
-        tops = {
-            runs[0]: (
-                await conn.execute(
-                    _TAKE_RUN_SEQ, {"b_run_id": runs[0], "b_count": len(per_run[runs[0]])}
-                )
-            ).scalar_one()
-        }
+        take = {"b_run_id": runs[0], "b_count": len(per_run[runs[0]])}
+        tops = {runs[0]: (await _TAKE_RUN_SEQ.rows(session, take))[0][0]}
     else:  # one statement for every run in the batch, its text made once per run count
-        style, n = conn.dialect.paramstyle, len(runs)
-        if conn.dialect.name == "postgresql":
-            await conn.exec_driver_sql(_lock_runs_sql(style, n), tuple(runs))
+        style, n = dialect.paramstyle, len(runs)
+        if dialect.name == "postgresql":
+            await _driver_sql(session, _lock_runs_sql(style, n), tuple(runs))
         params = tuple(x for r in runs for x in (r, len(per_run[r]))) + tuple(runs)
-        rows = await conn.exec_driver_sql(_take_run_seqs_sql(style, n), params)
-        tops = dict(cast(list[tuple[str, int]], rows.all()))
+        tops = dict(await _driver_sql(session, _take_run_seqs_sql(style, n), params))
     ordered: list[LogEvent] = []
     for run_id in runs:
         batch = _by_step(per_run[run_id])
@@ -209,13 +204,29 @@ async def insert_events(session: AsyncSession, events: Sequence[LogEvent]) -> li
             ev.run_seq = first + offset
         ordered.extend(batch)
     # The driver's own executemany with plain tuples: per row, no parameter processing.
-    await conn.exec_driver_sql(_INSERT_SQL[conn.dialect.paramstyle], _rows(ordered))
+    await _driver_sql(session, _INSERT_SQL[dialect.paramstyle], _rows(ordered), many=True)
     origin = session.info.get("origin")
-    if origin is not None and conn.dialect.name == "postgresql":
-        await conn.execute(
+    if origin is not None and dialect.name == "postgresql":
+        await session.execute(
             _NOTIFY, {"channel": WAKE_CHANNEL, "payload": wake_payload(origin, ordered)}
         )
     return ordered
+
+
+async def _driver_sql(
+    session: AsyncSession, sql: str, params: Any, *, many: bool = False
+) -> list[tuple[Any, ...]]:
+    """SQL in the driver's own dialect, on the SQLite connection itself where it runs inline,
+    else through the session's connection; the rows it returns."""
+    driver = await sqlite_driver(session)
+    if driver is None:
+        result = await (await session.connection()).exec_driver_sql(sql, params)
+        return [tuple(row) for row in result.all()] if result.returns_rows else []
+    cursor = driver.executemany(sql, params) if many else driver.execute(sql, params)
+    try:
+        return cursor.fetchall() if cursor.description is not None else []
+    finally:
+        cursor.close()
 
 
 EVENT_COLUMNS = (

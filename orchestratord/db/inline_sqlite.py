@@ -94,6 +94,11 @@ class InlineConnection:
         self._tx = _ImmediateQueue()
 
     @property
+    def sqlite(self) -> sqlite3.Connection:
+        """The sqlite3 connection itself (``prepared.py`` runs hot statements on it)."""
+        return self._conn
+
+    @property
     def isolation_level(self) -> str | None:
         return self._conn.isolation_level
 

@@ -11,6 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from orchestrator_core import clock
 from orchestrator_core.budgets import Ledger, Limits, Reservation
 from orchestratord.db.models import Run
+from orchestratord.db.prepared import Prepared
 
 
 class Held(Protocol):
@@ -64,7 +65,7 @@ async def read_ledger(session: AsyncSession, *, run_id: str) -> Ledger:
 
 _RUNS = cast(sa.Table, Run.__table__)  # Core statements: no ORM bulk-update pass
 _NO_LIMIT = 2**62  # stands for an unset limit, so one prepared statement serves every run
-_RESERVE = (
+_RESERVE = Prepared(
     _RUNS.update()
     .where(
         _RUNS.c.run_id == sa.bindparam("b_run_id"),
@@ -117,7 +118,7 @@ async def reserve(
         "max_cost": float(_NO_LIMIT) if limits.max_cost_usd is None else limits.max_cost_usd + 1e-9,
         "b_now": clock.now(),
     }
-    row = (await session.execute(_RESERVE, params)).first()
+    row = await _RESERVE.first(session, params)
     if row is None:
         return None
     return row[0] - 1, Ledger(*row[1:])
@@ -164,26 +165,24 @@ async def settle(
     run counts the step in ``unpriced_steps`` and its ``cost_used_usd`` stays the sum over
     priced steps, which is what a cost budget counts (an unpriced model never runs under
     one)."""
-    status, ended_at = (
-        await session.execute(
-            _SETTLE,
-            {
-                "b_run_id": step.run_id,
-                "used_in": tokens_in,
-                "used_out": tokens_out,
-                "used_cost": 0.0 if cost_usd is None else cost_usd,
-                "unpriced": 1 if cost_usd is None else 0,
-                "held_in": step.tokens_in_reserved,
-                "held_out": step.tokens_out_reserved,
-                "held_cost": step.cost_reserved_usd,
-                "b_now": clock.now(),
-            },
-        )
-    ).one()
+    ((status, ended_at),) = await _SETTLE.rows(
+        session,
+        {
+            "b_run_id": step.run_id,
+            "used_in": tokens_in,
+            "used_out": tokens_out,
+            "used_cost": 0.0 if cost_usd is None else cost_usd,
+            "unpriced": 1 if cost_usd is None else 0,
+            "held_in": step.tokens_in_reserved,
+            "held_out": step.tokens_out_reserved,
+            "held_cost": step.cost_reserved_usd,
+            "b_now": clock.now(),
+        },
+    )
     return RunState(status, ended_at)
 
 
-_SETTLE = (
+_SETTLE = Prepared(
     _RUNS.update()
     .where(_RUNS.c.run_id == sa.bindparam("b_run_id"))
     .values(

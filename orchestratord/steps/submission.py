@@ -42,6 +42,7 @@ from orchestrator_core.policy import Decision, PolicyDenied, PolicySubject, Rule
 from orchestrator_core.pricing import Price
 from orchestratord import tracing
 from orchestratord.db.models import Flow, Run, Step
+from orchestratord.db.prepared import Prepared, detached
 from orchestratord.metrics import Metrics
 from orchestratord.policies import policy_of
 from orchestratord.pools.registry import Pool, PoolRegistry, Replica
@@ -142,8 +143,9 @@ class Rule(Protocol):
 
 # the run and the step its client_token already made, if one: one statement (a repeated
 # request is rare; its step is loaded only then)
-_RUN_AND_TOKEN = (
-    sa.select(Run, Step.step_id)
+_RUN_COLUMNS = tuple(c.key for c in cast(sa.Table, Run.__table__).columns)
+_RUN_AND_TOKEN = Prepared(
+    sa.select(*cast(sa.Table, Run.__table__).columns, Step.step_id)
     .outerjoin(
         Step,
         sa.and_(Step.run_id == Run.run_id, Step.client_token == sa.bindparam("token")),
@@ -159,10 +161,11 @@ class LoadRun:
     async def apply(self, sub: Submission) -> Submitted | None:
         body = sub.body
         params = {"run_id": sub.run_id, "token": body.client_token}
-        found = (await sub.session.execute(_RUN_AND_TOKEN, params)).first()
+        found = await _RUN_AND_TOKEN.first(sub.session, params)
         if found is None:
             raise NotFound("run", sub.run_id)
-        sub.run, repeated = found
+        sub.run = detached(Run, dict(zip(_RUN_COLUMNS, found, strict=False)))
+        repeated = found[-1]
         sub.request_hash = sha256_of(
             {
                 **body.model_dump(mode="json", exclude={"client_token", "input"}),
@@ -327,10 +330,12 @@ def _queued(**where: str) -> list[Any]:
 
 
 # a step of this priority or higher waits in the pool
-_AHEAD_IN_POOL = sa.select(
-    sa.exists().where(*_queued(pool_id="pool_id"), Step.priority_rank <= sa.bindparam("rank"))
+_AHEAD_IN_POOL = Prepared(
+    sa.select(
+        sa.exists().where(*_queued(pool_id="pool_id"), Step.priority_rank <= sa.bindparam("rank"))
+    )
 )
-_QUEUED_AT_PRIORITY = (
+_QUEUED_AT_PRIORITY = Prepared(
     sa.select(sa.func.count()).select_from(Step).where(*_queued(priority="priority"))
 )
 
@@ -365,7 +370,7 @@ class StartNow:
         if pool.free_slots <= 0:
             return None
         params = {"pool_id": pool.pool_id, "rank": PRIORITY_RANK[sub.body.priority]}
-        if (await sub.session.execute(_AHEAD_IN_POOL, params)).scalar_one():
+        if (await _AHEAD_IN_POOL.rows(sub.session, params))[0][0]:
             return None
         replica = starter.slot_for(pool, sub.run)  # taken meanwhile, or its session's is busy
         if replica is not None:
@@ -384,17 +389,15 @@ class Admit:
         priority = sub.body.priority
         if not sub.sqlite:  # one admitter per priority at a time across processes
             await admission_lock(sub.session, priority)
-        queued = (
-            await sub.session.execute(_QUEUED_AT_PRIORITY, {"priority": priority})
-        ).scalar_one()
+        queued = (await _QUEUED_AT_PRIORITY.rows(sub.session, {"priority": priority}))[0][0]
         sub.verdict = admit(sub.ctx.admission, priority=priority, queued=queued)
         return None
 
 
 _STEP_TABLE = cast(sa.Table, Step.__table__)
 _STEP_COLUMNS = tuple(c.key for c in _STEP_TABLE.columns)
-_INSERT_STEP = _STEP_TABLE.insert()
-_INSERT_STEP_UNLESS_TOKEN = (
+_INSERT_STEP = Prepared(_STEP_TABLE.insert())
+_INSERT_STEP_UNLESS_TOKEN = Prepared(
     pg_insert(_STEP_TABLE)
     .on_conflict_do_nothing(index_elements=["run_id", "client_token"])
     .returning(_STEP_TABLE.c.step_id)
@@ -484,11 +487,11 @@ class Insert:
         # a Core insert of the whole row: the unit of work costs more than the insert
         row = {c: getattr(step, c) for c in _STEP_COLUMNS}
         if on_conflict:  # PostgreSQL: a concurrent submission of the token committed first
-            if (await session.execute(_INSERT_STEP_UNLESS_TOKEN, row)).first() is None:
+            if await _INSERT_STEP_UNLESS_TOKEN.first(session, row) is None:
                 await unreserve(session, run_id=run_id, reservation=reservation)
                 raise _TokenTaken
         else:
-            await session.execute(_INSERT_STEP, row)
+            await _INSERT_STEP.rows(session, row)
         if started is not None:
             starter = sub.ctx.starter
             assert starter is not None

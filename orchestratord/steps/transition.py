@@ -26,6 +26,7 @@ from orchestrator_core.lifecycle import (
 )
 from orchestrator_core.pricing import Price
 from orchestratord.db.models import Run, Step
+from orchestratord.db.prepared import Prepared
 from orchestratord.eventlog import Finalizer, LogEvent, log_event, read_all_step_events
 from orchestratord.runs.ledger import RunState, settle
 from orchestratord.steps.ending import Ending
@@ -70,7 +71,7 @@ def ending_finalizer(step_id: str, ending: Ending) -> Finalizer:
 _STEPS = cast(sa.Table, Step.__table__)
 # A running step ends: the transition as ``transition`` makes it, in one statement that also
 # returns what its settlement needs (no load of the row). ``status = 'running'`` guards it.
-_END_RUNNING = (
+_END_RUNNING = Prepared(
     _STEPS.update()
     .where(_STEPS.c.step_id == sa.bindparam("b_step_id"), _STEPS.c.status == "running")
     .values(
@@ -116,7 +117,7 @@ async def _end_running(session: AsyncSession, step_id: str, ending: Ending) -> _
         "b_error": ending.error,
         "b_replay_outcome": ending.replay_outcome,
     }
-    row = (await session.execute(_END_RUNNING, params)).first()
+    row = await _END_RUNNING.first(session, params)
     if row is None:  # it is no longer running (ended elsewhere), or there is no such step
         step = await get_step(session, step_id=step_id)
         raise Conflict(f"step {step_id} is {step.status}, not running: it cannot end here")

@@ -29,11 +29,16 @@ class Statements:
         self.seen, self.open, self.savepoints = [], True, 0
 
     def statement(self, _c: Any, _cur: Any, statement: str, *_a: Any) -> None:
+        self.traced(statement)
+
+    def traced(self, statement: str) -> None:
         text = " ".join(statement.split())
         if self.open and text.split(" ", 1)[0] in ("SELECT", "INSERT", "UPDATE", "DELETE"):
             self.seen.append(text[:70])
         elif self.open and text.startswith("SAVEPOINT"):
             self.savepoints += 1
+        elif text == "COMMIT":
+            self.commit(None)
 
     def commit(self, _conn: Any) -> None:
         self.open = False
@@ -43,6 +48,18 @@ class Statements:
 def statements(orch: Orchestrator) -> Iterator[Statements]:
     counter = Statements()
     engine = orch.db.engine.sync_engine
+    if orch.db.is_sqlite:
+        # SQLite's hot statements run on the driver connection itself (db/prepared.py): the
+        # driver's trace sees every statement, the session's and those
+        def trace(dbapi_connection: Any, _record: Any, _proxy: Any) -> None:
+            dbapi_connection.driver_connection.sqlite.set_trace_callback(counter.traced)
+
+        event.listen(engine, "checkout", trace)
+        try:
+            yield counter
+        finally:
+            event.remove(engine, "checkout", trace)
+        return
     event.listen(engine, "before_cursor_execute", counter.statement)
     event.listen(engine, "commit", counter.commit)
     try:

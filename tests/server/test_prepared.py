@@ -1,0 +1,176 @@
+"""Hot statements run on SQLite's driver connection itself (``db/prepared.py``): they must
+mean what the session would have made of them, on both backends."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from typing import Any, cast
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy import event
+
+from orchestratord.db.engine import Database
+from orchestratord.db.migrate import upgrade
+from orchestratord.db.models import Flow, Run
+from orchestratord.db.prepared import Prepared, detached, sqlite_driver
+
+_RUNS = cast(sa.Table, Run.__table__)
+_RUN_BY_ID = Prepared(sa.select(*_RUNS.columns).where(_RUNS.c.run_id == sa.bindparam("id")))
+_RUNNING_BY_ID = Prepared(  # a literal of the statement besides the caller's parameter
+    sa.select(_RUNS.c.run_id).where(
+        _RUNS.c.run_id == sa.bindparam("id"), _RUNS.c.status == "running"
+    )
+)
+_TOUCH = Prepared(
+    _RUNS.update()
+    .where(_RUNS.c.run_id == sa.bindparam("id"))
+    .values(updated_at=sa.bindparam("now"), budgets=sa.bindparam("budgets"))
+    .returning(_RUNS.c.updated_at, _RUNS.c.budgets, _RUNS.c.cancel_on_disconnect)
+)
+_SET_STATUS = Prepared(
+    _RUNS.update().where(_RUNS.c.run_id == sa.bindparam("id")).values(status=sa.bindparam("s"))
+)
+
+
+@pytest.fixture
+async def db(db_url: str) -> AsyncIterator[Database]:
+    database = Database(db_url)
+    await upgrade(database)
+    try:
+        yield database
+    finally:
+        await database.dispose()
+
+
+def _run(run_id: str, **overrides: Any) -> Run:
+    now = datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=UTC)
+    fields: dict[str, Any] = dict(
+        run_id=run_id,
+        flow_id="flow_p",
+        mode="record",
+        seed=7,
+        status="running",
+        budgets={"max_tokens_out": 5, "nested": {"a": [1, 2]}},
+        policy={},
+        pool_policy={"pool": "p"},
+        fs_policy={},
+        cancel_on_disconnect=True,
+        price_table="2026-01-01",
+        policy_hash="sha256:p",
+        created_at=now,
+        updated_at=now,
+    )
+    fields.update(overrides)
+    return Run(**fields)
+
+
+async def _seed(db: Database, *runs: Run) -> None:
+    async with db.write() as session:
+        session.add(
+            Flow(
+                flow_id="flow_p",
+                hash="sha256:flow_p",
+                ast={"p": 1},
+                tools=[],
+                config={},
+                labels={},
+                created_at=datetime.now(UTC),
+            )
+        )
+        await session.flush()
+        session.add_all(runs)
+
+
+async def test_rows_read_as_the_session_reads_them(db: Database) -> None:
+    await _seed(db, _run("run_a"))
+    async with db.read() as session:
+        prepared = await _RUN_BY_ID.first(session, {"id": "run_a"})
+        through_session = (
+            await session.execute(sa.select(*_RUNS.columns).where(_RUNS.c.run_id == "run_a"))
+        ).one()
+    assert prepared == tuple(through_session)
+    run = detached(Run, dict(zip(_RUNS.columns.keys(), prepared, strict=True)))
+    assert sa.inspect(run).detached
+    assert run.budgets == {"max_tokens_out": 5, "nested": {"a": [1, 2]}}
+    assert run.created_at == datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=UTC)
+    assert run.cancel_on_disconnect is True
+
+
+async def test_parameters_are_converted_and_results_returned(db: Database) -> None:
+    await _seed(db, _run("run_b"))
+    later = datetime(2026, 5, 6, 7, 8, 9, 123456, tzinfo=UTC)
+    async with db.write() as session:
+        rows = await _TOUCH.rows(session, {"id": "run_b", "now": later, "budgets": {"x": True}})
+    assert rows == [(later, {"x": True}, True)]
+    async with db.read() as session:
+        run = await session.get(Run, "run_b")
+    assert run is not None and run.updated_at == later and run.budgets == {"x": True}
+
+
+async def test_literals_of_the_statement_are_bound(db: Database) -> None:
+    await _seed(db, _run("run_c"), _run("run_d", status="completed"))
+    async with db.read() as session:
+        assert await _RUNNING_BY_ID.rows(session, {"id": "run_c"}) == [("run_c",)]
+        assert await _RUNNING_BY_ID.rows(session, {"id": "run_d"}) == []
+
+
+async def test_a_statement_without_rows_returns_none_and_its_write_commits(db: Database) -> None:
+    await _seed(db, _run("run_e"))
+    async with db.write() as session:
+        assert await _SET_STATUS.rows(session, {"id": "run_e", "s": "cancelling"}) == []
+    async with db.read() as session:
+        assert (await session.get(Run, "run_e")).status == "cancelling"  # type: ignore[union-attr]
+
+
+async def test_what_the_session_holds_is_flushed_first(db: Database) -> None:
+    """The session would autoflush before a statement: so does the driver's path."""
+    await _seed(db)
+    async with db.write() as session:
+        session.add(_run("run_f"))
+        assert await _RUN_BY_ID.first(session, {"id": "run_f"}) is not None
+
+
+async def test_a_rolled_back_transaction_takes_its_statements_with_it(db: Database) -> None:
+    await _seed(db, _run("run_g"))
+    with pytest.raises(RuntimeError):
+        async with db.write() as session:
+            await _SET_STATUS.rows(session, {"id": "run_g", "s": "cancelling"})
+            raise RuntimeError("abort")
+    async with db.read() as session:
+        assert (await session.get(Run, "run_g")).status == "running"  # type: ignore[union-attr]
+
+
+async def test_sqlite_runs_them_on_the_driver_past_the_session(db: Database) -> None:
+    """On a SQLite file the statement never reaches SQLAlchemy's execution (its events do
+    not see it); on PostgreSQL it goes through the session."""
+    await _seed(db, _run("run_h"))
+    seen: list[str] = []
+
+    def before(_c: Any, _cur: Any, statement: str, *_a: Any) -> None:
+        seen.append(statement)
+
+    event.listen(db.engine.sync_engine, "before_cursor_execute", before)
+    try:
+        async with db.read() as session:
+            await _RUN_BY_ID.first(session, {"id": "run_h"})
+            driver = await sqlite_driver(session)
+    finally:
+        event.remove(db.engine.sync_engine, "before_cursor_execute", before)
+    selects = [s for s in seen if "FROM runs" in s]
+    if db.is_sqlite:
+        assert driver is not None and selects == []
+    else:
+        assert driver is None and len(selects) == 1
+
+
+async def test_the_driver_is_not_kept_past_its_transaction(db: Database) -> None:
+    if not db.is_sqlite:
+        pytest.skip("the driver's path is SQLite's")
+    async with db.read() as session:
+        first = await sqlite_driver(session)
+        await session.rollback()  # the transaction ends; the next may use another connection
+        assert "prepared.driver" not in session.info
+        assert await sqlite_driver(session) is not None
+        assert first is not None
