@@ -29,7 +29,7 @@ from sqlalchemy.ext.asyncio import (
     create_async_engine,
 )
 
-from orchestratord.db.inline_sqlite import inline_creator
+from orchestratord.db.inline_sqlite import InlineConnection, inline_creator
 
 SQLITE_BUSY_TIMEOUT_MS = 5_000
 
@@ -160,4 +160,8 @@ def _install_sqlite_hooks(engine: AsyncEngine) -> None:
     @event.listens_for(engine.sync_engine, "begin")
     def _on_begin(conn: Any) -> None:
         mode = conn.get_execution_options().get("sqlite_begin", "DEFERRED")
-        conn.exec_driver_sql(f"BEGIN {mode}")
+        driver = conn.connection.driver_connection
+        if isinstance(driver, InlineConnection):  # on the loop: no statement machinery
+            driver.sqlite.execute(f"BEGIN {mode}").close()
+        else:
+            conn.exec_driver_sql(f"BEGIN {mode}")

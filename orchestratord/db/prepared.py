@@ -125,7 +125,7 @@ async def sqlite_driver(session: AsyncSession) -> sqlite3.Connection | None:
         info[_NO_DRIVER] = True
         return None
     conn = await session.connection()  # begins the session's transaction
-    adapted = (await conn.get_raw_connection()).driver_connection
+    adapted = conn.sync_connection.connection.driver_connection  # type: ignore[union-attr]
     if not isinstance(adapted, InlineConnection):
         info[_NO_DRIVER] = True
         return None
