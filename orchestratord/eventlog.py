@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import sqlite3
 import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Sequence
@@ -32,7 +33,7 @@ from contracts.events import EventBase, NarrationEvent
 from orchestrator_core.event_order import TERMINAL_TYPES, EventOrder, EventType
 from orchestratord.db.engine import Database
 from orchestratord.db.models import Event, Run
-from orchestratord.db.prepared import Prepared, sqlite_driver
+from orchestratord.db.prepared import DriverTx, Prepared, Target, run_on_driver, sqlite_driver
 
 log = logging.getLogger(__name__)
 
@@ -179,23 +180,24 @@ def _rows(events: list[LogEvent]) -> list[tuple[Any, ...]]:
     return rows
 
 
-async def insert_events(session: AsyncSession, events: Sequence[LogEvent]) -> list[LogEvent]:
-    """Append ``events`` in this transaction, assigning their run cursors; returns them in
-    run-cursor order (each run's grouped by step), the order to publish them in."""
+async def insert_events(target: Target, events: Sequence[LogEvent]) -> list[LogEvent]:
+    """Append ``events`` in this transaction (a session's, or SQLite's driver's alone),
+    assigning their run cursors; returns them in run-cursor order (each run's grouped by
+    step), the order to publish them in."""
     per_run: dict[str, list[LogEvent]] = defaultdict(list)
     for ev in events:
         per_run[ev.run_id].append(ev)
     runs = sorted(per_run)  # a fixed lock order: no deadlock between writers
-    dialect = session.get_bind().dialect
+    dialect = target.dialect if isinstance(target, DriverTx) else target.get_bind().dialect
     if len(runs) == 1:
         take = {"b_run_id": runs[0], "b_count": len(per_run[runs[0]])}
-        tops = {runs[0]: (await _TAKE_RUN_SEQ.rows(session, take))[0][0]}
+        tops = {runs[0]: (await _TAKE_RUN_SEQ.rows(target, take))[0][0]}
     else:  # one statement for every run in the batch, its text made once per run count
         style, n = dialect.paramstyle, len(runs)
         if dialect.name == "postgresql":
-            await _driver_sql(session, _lock_runs_sql(style, n), tuple(runs))
+            await _driver_sql(target, _lock_runs_sql(style, n), tuple(runs))
         params = tuple(x for r in runs for x in (r, len(per_run[r]))) + tuple(runs)
-        tops = dict(await _driver_sql(session, _take_run_seqs_sql(style, n), params))
+        tops = dict(await _driver_sql(target, _take_run_seqs_sql(style, n), params))
     ordered: list[LogEvent] = []
     for run_id in runs:
         batch = _by_step(per_run[run_id])
@@ -204,29 +206,30 @@ async def insert_events(session: AsyncSession, events: Sequence[LogEvent]) -> li
             ev.run_seq = first + offset
         ordered.extend(batch)
     # The driver's own executemany with plain tuples: per row, no parameter processing.
-    await _driver_sql(session, _INSERT_SQL[dialect.paramstyle], _rows(ordered), many=True)
-    origin = session.info.get("origin")
+    await _driver_sql(target, _INSERT_SQL[dialect.paramstyle], _rows(ordered), many=True)
+    origin = None if isinstance(target, DriverTx) else target.info.get("origin")
     if origin is not None and dialect.name == "postgresql":
-        await session.execute(
+        assert isinstance(target, AsyncSession)
+        await target.execute(
             _NOTIFY, {"channel": WAKE_CHANNEL, "payload": wake_payload(origin, ordered)}
         )
     return ordered
 
 
 async def _driver_sql(
-    session: AsyncSession, sql: str, params: Any, *, many: bool = False
+    target: Target, sql: str, params: Any, *, many: bool = False
 ) -> list[tuple[Any, ...]]:
     """SQL in the driver's own dialect, on the SQLite connection itself where it runs inline,
     else through the session's connection; the rows it returns."""
-    driver = await sqlite_driver(session)
+    if isinstance(target, DriverTx):
+        driver: sqlite3.Connection | None = target.sqlite
+    else:
+        driver = await sqlite_driver(target)
     if driver is None:
-        result = await (await session.connection()).exec_driver_sql(sql, params)
+        assert isinstance(target, AsyncSession)
+        result = await (await target.connection()).exec_driver_sql(sql, params)
         return [tuple(row) for row in result.all()] if result.returns_rows else []
-    cursor = driver.executemany(sql, params) if many else driver.execute(sql, params)
-    try:
-        return cursor.fetchall() if cursor.description is not None else []
-    finally:
-        cursor.close()
+    return run_on_driver(driver, sql, params, many=many)
 
 
 EVENT_COLUMNS = (
@@ -466,6 +469,11 @@ class EventWriter:
             try:
                 extra: list[LogEvent] = []
                 committed: list[LogEvent] = []
+                if not batch.finalizers and self.db.on_driver:
+                    # events alone (tokens, mostly): no session to open, flush and close
+                    async with self.db.driver_write(urgent=True) as driver:
+                        committed = await insert_events(driver, batch.events)
+                    break
                 async with self.db.write(urgent=True) as session:
                     if batch.events:
                         committed = await insert_events(session, batch.events)

@@ -14,6 +14,7 @@ row locks.
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 import uuid
 from collections import deque
 from collections.abc import AsyncIterator
@@ -29,9 +30,21 @@ from sqlalchemy.ext.asyncio import (
     create_async_engine,
 )
 
-from orchestratord.db.inline_sqlite import InlineConnection, inline_creator
+from orchestratord.db.inline_sqlite import InlineConnection, inline_creator, open_sqlite
+from orchestratord.db.prepared import DriverTx
 
 SQLITE_BUSY_TIMEOUT_MS = 5_000
+SQLITE_PRAGMAS = (
+    "PRAGMA journal_mode=WAL",
+    f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}",
+    "PRAGMA synchronous=NORMAL",
+    "PRAGMA foreign_keys=ON",
+)
+
+
+def configure_sqlite(conn: sqlite3.Connection) -> None:
+    for pragma in SQLITE_PRAGMAS:
+        conn.execute(pragma).close()
 
 
 def to_async_url(url: str) -> str:
@@ -92,9 +105,12 @@ class Database:
         self.url = to_async_url(url)
         self.dialect = make_url(self.url).get_backend_name()
         kwargs: dict[str, Any] = {"echo": echo}
+        self._driver_file: str | None = None
+        self._driver: sqlite3.Connection | None = None
         if self.is_sqlite:
             database = make_url(self.url).database
             if database and database != ":memory:":
+                self._driver_file = database
                 kwargs["async_creator"] = inline_creator(
                     database, timeout_s=SQLITE_BUSY_TIMEOUT_MS / 1000
                 )
@@ -136,12 +152,45 @@ class Database:
                 session.info["origin"] = self.origin
                 yield session
 
+    @property
+    def on_driver(self) -> bool:
+        """SQLite in a file: its driver runs inline, so a transaction of prepared statements
+        only (``driver_write``) needs no session."""
+        return self._driver_file is not None
+
+    @asynccontextmanager
+    async def driver_write(self, *, urgent: bool = False) -> AsyncIterator[DriverTx]:
+        """A write transaction of prepared statements on this process's own SQLite writer
+        connection, under the same write lock as ``write``; commits on success."""
+        assert self._driver_file is not None, "only SQLite in a file writes on the driver"
+        await self._write_lock.acquire(urgent=urgent)
+        try:
+            driver = self._driver
+            if driver is None:
+                driver = self._driver = open_sqlite(
+                    self._driver_file, timeout_s=SQLITE_BUSY_TIMEOUT_MS / 1000
+                )
+                configure_sqlite(driver)
+            driver.execute("BEGIN IMMEDIATE").close()
+            try:
+                yield DriverTx(driver, self.engine.dialect)
+                driver.commit()
+            except BaseException:
+                if driver.in_transaction:
+                    driver.rollback()
+                raise
+        finally:
+            self._write_lock.release()
+
     @asynccontextmanager
     async def read(self) -> AsyncIterator[AsyncSession]:
         async with self._reader() as session:
             yield session
 
     async def dispose(self) -> None:
+        if self._driver is not None:
+            self._driver.close()
+            self._driver = None
         await self.engine.dispose()
 
 
@@ -151,10 +200,8 @@ def _install_sqlite_hooks(engine: AsyncEngine) -> None:
         # Let SQLAlchemy, not the driver, decide when transactions begin (see "begin" below).
         dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
-        cursor.execute("PRAGMA journal_mode=WAL")
-        cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
-        cursor.execute("PRAGMA synchronous=NORMAL")
-        cursor.execute("PRAGMA foreign_keys=ON")
+        for pragma in SQLITE_PRAGMAS:
+            cursor.execute(pragma)
         cursor.close()
 
     @event.listens_for(engine.sync_engine, "begin")

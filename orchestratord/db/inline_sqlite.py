@@ -125,11 +125,13 @@ class InlineConnection:
         self._conn.create_function(*args, **kwargs)
 
 
+def open_sqlite(path: str, *, timeout_s: float) -> sqlite3.Connection:
+    """A connection that leaves transactions to its user (no implicit BEGIN)."""
+    return sqlite3.connect(path, timeout=timeout_s, check_same_thread=False, isolation_level=None)
+
+
 def inline_creator(path: str, *, timeout_s: float) -> Callable[[], Any]:
     async def connect() -> InlineConnection:
-        conn = sqlite3.connect(
-            path, timeout=timeout_s, check_same_thread=False, isolation_level=None
-        )
-        return InlineConnection(conn)
+        return InlineConnection(open_sqlite(path, timeout_s=timeout_s))
 
     return connect

@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from sqlalchemy import event
 from sqlalchemy.engine import Dialect
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session, SessionTransaction, class_mapper, make_transient_to_detached
 from sqlalchemy.sql import Executable
@@ -75,6 +77,19 @@ class _Compiled:
         ]
 
 
+@dataclass(frozen=True, slots=True)
+class DriverTx:
+    """A SQLite write transaction on the driver connection alone, no session
+    (``Database.driver_write``): for work made only of prepared statements."""
+
+    sqlite: sqlite3.Connection
+    dialect: Dialect
+
+
+# where a prepared statement runs: a session's transaction, or the driver's alone
+Target = AsyncSession | DriverTx
+
+
 class Prepared:
     """A Core statement of a hot path (see the module's docstring)."""
 
@@ -85,30 +100,31 @@ class Prepared:
         self._compiled: _Compiled | None = None
 
     async def rows(
-        self, session: AsyncSession, params: Mapping[str, Any] | None = None
+        self, target: Target, params: Mapping[str, Any] | None = None
     ) -> list[tuple[Any, ...]]:
-        driver = await sqlite_driver(session)
-        if driver is None:
-            result = await session.execute(self.stmt, params)
-            # an ORM session answers a select with a result of rows; DML with a cursor's
-            if not getattr(result, "returns_rows", True):
-                return []
-            return [tuple(row) for row in result.all()]
-        if not session.sync_session._is_clean():
-            await session.flush()  # what the session would autoflush before the statement
+        if isinstance(target, DriverTx):
+            driver, dialect = target.sqlite, target.dialect
+        else:
+            session = target
+            found = await sqlite_driver(session)
+            if found is None:
+                result = await session.execute(self.stmt, params)
+                # an ORM session answers a select with a result of rows; DML with a cursor's
+                if not getattr(result, "returns_rows", True):
+                    return []
+                return [tuple(row) for row in result.all()]
+            if not session.sync_session._is_clean():
+                await session.flush()  # what the session would autoflush before the statement
+            driver, dialect = found, session.get_bind().dialect
         compiled = self._compiled
         if compiled is None:
-            compiled = self._compiled = _Compiled(self.stmt, session.get_bind().dialect)
-        cursor = driver.execute(compiled.sql, compiled.bound(params or {}))
-        try:
-            return compiled.rows(cursor) if cursor.description is not None else []
-        finally:
-            cursor.close()
+            compiled = self._compiled = _Compiled(self.stmt, dialect)
+        return run_on_driver(driver, compiled.sql, compiled.bound(params or {}), compiled.rows)
 
     async def first(
-        self, session: AsyncSession, params: Mapping[str, Any] | None = None
+        self, target: Target, params: Mapping[str, Any] | None = None
     ) -> tuple[Any, ...] | None:
-        rows = await self.rows(session, params)
+        rows = await self.rows(target, params)
         return rows[0] if rows else None
 
 
@@ -138,6 +154,26 @@ def _forget_driver(session: Session, transaction: SessionTransaction) -> None:
     # the next transaction of the session may run on another pooled connection
     if transaction.parent is None:
         session.info.pop(_DRIVER, None)
+
+
+def run_on_driver(
+    driver: sqlite3.Connection,
+    sql: str,
+    params: Any,
+    rows: Callable[[sqlite3.Cursor], list[tuple[Any, ...]]] = sqlite3.Cursor.fetchall,
+    *,
+    many: bool = False,
+) -> list[tuple[Any, ...]]:
+    """Run SQL on the driver; its rows, if it returns any. The driver's errors are raised as
+    SQLAlchemy raises them (``IntegrityError``...), so callers handle one family."""
+    try:
+        cursor = driver.executemany(sql, params) if many else driver.execute(sql, params)
+    except sqlite3.Error as exc:
+        raise DBAPIError.instance(sql, params, exc, sqlite3.Error) from exc
+    try:
+        return rows(cursor) if cursor.description is not None else []
+    finally:
+        cursor.close()
 
 
 def detached(cls: type[_T], values: Mapping[str, Any]) -> _T:

@@ -50,6 +50,30 @@ async def test_writer_groups_commits(client: httpx.AsyncClient, orch: Orchestrat
     assert orch.writer.commits - before < events / 4  # many events per transaction
 
 
+async def test_events_alone_commit_without_a_session(
+    client: httpx.AsyncClient, orch: Orchestrator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On SQLite a batch of events with no finalizer (a step's tokens) commits on the
+    driver's own transaction: no session is opened for it. PostgreSQL writes in a session."""
+    from orchestratord.eventlog import make_event
+
+    run_id = await make_run(client)
+    sessions = 0
+    real_write = orch.db.write
+
+    def counting_write(*, urgent: bool = False):  # type: ignore[no-untyped-def]
+        nonlocal sessions
+        sessions += 1
+        return real_write(urgent=urgent)
+
+    monkeypatch.setattr(orch.db, "write", counting_write)
+    events = [make_event(run_id, None, None, "narration", {"text": f"n{i}"}) for i in range(5)]
+    await orch.writer.append(events, wait=True)
+    assert sessions == (0 if orch.db.is_sqlite else 1)
+    stored = await stored_events(orch.db, run_id=run_id)
+    assert [ev.run_seq for ev in stored] == list(range(5))
+
+
 def test_token_template_equals_the_generic_encoding() -> None:
     from orchestratord.eventlog import EventWriter, StepLog
 

@@ -174,3 +174,27 @@ async def test_the_driver_is_not_kept_past_its_transaction(db: Database) -> None
         assert "prepared.driver" not in session.info
         assert await sqlite_driver(session) is not None
         assert first is not None
+
+
+async def test_a_driver_transaction_commits_or_rolls_back_whole(db: Database) -> None:
+    """``driver_write``: SQLite's transaction of prepared statements alone; a refusal by the
+    database is raised as the session raises it, and takes the whole transaction back."""
+    if not db.on_driver:
+        pytest.skip("PostgreSQL writes through sessions")
+    await _seed(db, _run("run_i"), _run("run_j"))
+    async with db.driver_write() as tx:
+        await _SET_STATUS.rows(tx, {"id": "run_i", "s": "cancelling"})
+    with pytest.raises(sa.exc.IntegrityError):
+        async with db.driver_write() as tx:
+            await _SET_STATUS.rows(tx, {"id": "run_j", "s": "cancelling"})
+            await _RENAME.rows(tx, {"id": "run_j", "to": "run_i"})  # the key is taken
+    async with db.read() as session:
+        assert (await session.get(Run, "run_i")).status == "cancelling"  # type: ignore[union-attr]
+        assert (await session.get(Run, "run_j")).status == "running"  # type: ignore[union-attr]
+    async with db.driver_write() as tx:  # the lock and the connection were given back
+        await _SET_STATUS.rows(tx, {"id": "run_j", "s": "completed"})
+
+
+_RENAME = Prepared(
+    _RUNS.update().where(_RUNS.c.run_id == sa.bindparam("id")).values(run_id=sa.bindparam("to"))
+)
