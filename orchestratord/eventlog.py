@@ -37,9 +37,16 @@ from orchestratord.db.prepared import DriverTx, Prepared, Target, run_on_driver,
 
 log = logging.getLogger(__name__)
 
-# A finalizer runs in the commit of its terminal event; events it returns (a run's
-# ``run_end``) are appended in the same transaction.
-Finalizer = Callable[[AsyncSession], Awaitable["list[LogEvent] | None"]]
+
+@dataclass(frozen=True, slots=True)
+class Finalizer:
+    """Runs in the commit of its terminal event; events it returns (a run's ``run_end``) are
+    appended in the same transaction. One made of prepared statements alone runs on
+    SQLite's driver transaction as well (``needs_session`` False); one that adds ORM rows
+    gets a session."""
+
+    run: Callable[[Target], Awaitable[list[LogEvent] | None]]
+    needs_session: bool = False
 
 
 @dataclass(slots=True)
@@ -467,20 +474,15 @@ class EventWriter:
         began = time.perf_counter()
         for attempt in range(self._retries + 1):
             try:
-                extra: list[LogEvent] = []
                 committed: list[LogEvent] = []
-                if not batch.finalizers and self.db.on_driver:
-                    # events alone (tokens, mostly): no session to open, flush and close
+                if self.db.on_driver and not any(f.needs_session for _, f in batch.finalizers):
+                    # prepared statements alone (tokens, a step's end): no session to open,
+                    # flush and close
                     async with self.db.driver_write(urgent=True) as driver:
-                        committed = await insert_events(driver, batch.events)
-                    break
-                async with self.db.write(urgent=True) as session:
-                    if batch.events:
-                        committed = await insert_events(session, batch.events)
-                    for _, finalizer in batch.finalizers:
-                        extra.extend(await finalizer(session) or ())
-                    if extra:
-                        committed = committed + await insert_events(session, extra)
+                        committed = await self._write(driver, batch)
+                else:
+                    async with self.db.write(urgent=True) as session:
+                        committed = await self._write(session, batch)
                 break
             except (sa.exc.IntegrityError, sa.exc.DataError) as exc:
                 # what one step queued cannot be written (retrying cannot help): the steps
@@ -505,6 +507,18 @@ class EventWriter:
         for _, fut in batch.waiters:
             if not fut.done():
                 fut.set_result(None)
+
+    @staticmethod
+    async def _write(target: Target, batch: _Batch) -> list[LogEvent]:
+        """Within a round every event is inserted before any finalizer runs, so a finalizer
+        sees the events queued with it."""
+        committed = await insert_events(target, batch.events) if batch.events else []
+        extra: list[LogEvent] = []
+        for _, finalizer in batch.finalizers:
+            extra.extend(await finalizer.run(target) or ())
+        if extra:
+            committed = committed + await insert_events(target, extra)
+        return committed
 
     def _poison(self, batch: _Batch, exc: Exception) -> None:
         """The batch is lost: its steps take no more events (the log would have a gap), and

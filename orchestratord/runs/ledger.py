@@ -11,7 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from orchestrator_core import clock
 from orchestrator_core.budgets import Ledger, Limits, Reservation
 from orchestratord.db.models import Run
-from orchestratord.db.prepared import Prepared
+from orchestratord.db.prepared import Prepared, Target
 
 
 class Held(Protocol):
@@ -151,7 +151,7 @@ async def unreserve(session: AsyncSession, *, run_id: str, reservation: Reservat
 
 
 async def settle(
-    session: AsyncSession,
+    session: Target,
     *,
     step: Held,
     tokens_in: int,

@@ -16,7 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from contracts.events import EndEvent, ErrorEvent, RunEndEvent, StartedEvent
 from orchestrator_core import clock
-from orchestrator_core.errors import Conflict
+from orchestrator_core.errors import Conflict, NotFound
 from orchestrator_core.event_order import EventOrder, EventType
 from orchestrator_core.lifecycle import (
     RunStatus,
@@ -26,7 +26,7 @@ from orchestrator_core.lifecycle import (
 )
 from orchestrator_core.pricing import Price
 from orchestratord.db.models import Run, Step
-from orchestratord.db.prepared import Prepared
+from orchestratord.db.prepared import Prepared, Target
 from orchestratord.eventlog import Finalizer, LogEvent, log_event, read_all_step_events
 from orchestratord.runs.ledger import RunState, settle
 from orchestratord.steps.ending import Ending
@@ -51,21 +51,23 @@ def transition(step: Step, to: StepStatus) -> None:
 
 def ending_finalizer(step_id: str, ending: Ending) -> Finalizer:
     """What commits with a step's terminal event: its status, output, usage, facts, and the
-    settlement of its reservation."""
+    settlement of its reservation. Prepared statements alone, unless it adds rows."""
 
-    async def finalize(session: AsyncSession) -> list[LogEvent]:
-        held = await _end_running(session, step_id, ending)
-        session.add_all(ending.rows)
+    async def finalize(target: Target) -> list[LogEvent]:
+        held = await _end_running(target, step_id, ending)
+        if ending.rows:
+            assert isinstance(target, AsyncSession)  # needs_session
+            target.add_all(ending.rows)
         run = await settle(
-            session,
+            target,
             step=held,
             tokens_in=ending.tokens_in,
             tokens_out=ending.tokens_out,
             cost_usd=ending.cost_usd,
         )
-        return await settle_run_after_step(session, run_id=held.run_id, state=run)
+        return await settle_run_after_step(target, run_id=held.run_id, state=run)
 
-    return finalize
+    return Finalizer(finalize, needs_session=bool(ending.rows))
 
 
 _STEPS = cast(sa.Table, Step.__table__)
@@ -103,7 +105,7 @@ class _Held(NamedTuple):
     cost_reserved_usd: float
 
 
-async def _end_running(session: AsyncSession, step_id: str, ending: Ending) -> _Held:
+async def _end_running(target: Target, step_id: str, ending: Ending) -> _Held:
     check_step_transition(StepStatus.RUNNING, ending.status)
     params = {
         "b_step_id": step_id,
@@ -117,11 +119,18 @@ async def _end_running(session: AsyncSession, step_id: str, ending: Ending) -> _
         "b_error": ending.error,
         "b_replay_outcome": ending.replay_outcome,
     }
-    row = await _END_RUNNING.first(session, params)
+    row = await _END_RUNNING.first(target, params)
     if row is None:  # it is no longer running (ended elsewhere), or there is no such step
-        step = await get_step(session, step_id=step_id)
-        raise Conflict(f"step {step_id} is {step.status}, not running: it cannot end here")
+        found = await _STEP_STATUS.first(target, {"b_step_id": step_id})
+        if found is None:
+            raise NotFound("step", step_id)
+        raise Conflict(f"step {step_id} is {found[0]}, not running: it cannot end here")
     return _Held(*row)
+
+
+_STEP_STATUS = Prepared(
+    sa.select(_STEPS.c.status).where(_STEPS.c.step_id == sa.bindparam("b_step_id"))
+)
 
 
 async def end_unstarted(
@@ -173,44 +182,65 @@ async def cancel_step(tx: Tx, *, step_id: str) -> tuple[str, bool]:
     return "cancelling", True
 
 
-async def live_steps(session: AsyncSession, run_id: str) -> int:
-    return int(
-        (
-            await session.execute(
-                sa.select(sa.func.count())
-                .select_from(Step)
-                .where(
-                    Step.run_id == run_id,
-                    Step.status.in_([StepStatus.QUEUED.value, StepStatus.RUNNING.value]),
-                )
-            )
-        ).scalar_one()
+async def live_steps(target: Target, run_id: str) -> int:
+    return int((await _LIVE_STEPS.rows(target, {"b_run_id": run_id}))[0][0])
+
+
+_LIVE_STEPS = Prepared(
+    sa.select(sa.func.count())
+    .select_from(_STEPS)
+    .where(
+        _STEPS.c.run_id == sa.bindparam("b_run_id"),
+        sa.or_(
+            _STEPS.c.status == StepStatus.QUEUED.value,
+            _STEPS.c.status == StepStatus.RUNNING.value,
+        ),
     )
+)
 
 
-async def settle_run_after_step(
-    session: AsyncSession, *, run_id: str, state: RunState
-) -> list[LogEvent]:
+async def settle_run_after_step(target: Target, *, run_id: str, state: RunState) -> list[LogEvent]:
     """After a step's end: a cancelling run becomes cancelled, and a run that was completed
     or cancelled ends (``run_end``, returned to be appended) once no step of it is live.
     ``state``: the run's as the step's settlement left it (its row locked until commit)."""
     status = RunStatus(state.status)
     if status is RunStatus.RUNNING or state.ended_at is not None:
         return []
-    if await live_steps(session, run_id) > 0:
+    if await live_steps(target, run_id) > 0:
         return []
-    run = await session.get(Run, run_id)
-    assert run is not None
     if status is RunStatus.CANCELLING:
         check_run_transition(status, RunStatus.CANCELLED)
-        run.status = RunStatus.CANCELLED.value
-    return [end_run(run)]
+        status = RunStatus.CANCELLED
+    if isinstance(target, AsyncSession):  # the run may be loaded in it: changed there
+        run = await target.get(Run, run_id)
+        assert run is not None
+        run.status = status.value
+        return [end_run(run)]
+    params = {"b_run_id": run_id, "b_status": status.value, "b_now": clock.now()}
+    await _END_RUN.rows(target, params)
+    return [_run_end(run_id, status.value)]
+
+
+_RUNS = cast(sa.Table, Run.__table__)
+_END_RUN = Prepared(
+    _RUNS.update()
+    .where(_RUNS.c.run_id == sa.bindparam("b_run_id"))
+    .values(
+        status=sa.bindparam("b_status"),
+        ended_at=sa.bindparam("b_now"),
+        updated_at=sa.bindparam("b_now"),
+    )
+)
 
 
 def end_run(run: Run) -> LogEvent:
     """Mark a run whose work is over as ended; its ``run_end`` event, to append."""
     run.ended_at = run.updated_at = clock.now()
-    return log_event(run.run_id, None, None, RunEndEvent(run_id=run.run_id, status=run.status))
+    return _run_end(run.run_id, run.status)
+
+
+def _run_end(run_id: str, status: str) -> LogEvent:
+    return log_event(run_id, None, None, RunEndEvent(run_id=run_id, status=status))
 
 
 async def end_interrupted(

@@ -50,11 +50,12 @@ async def test_writer_groups_commits(client: httpx.AsyncClient, orch: Orchestrat
     assert orch.writer.commits - before < events / 4  # many events per transaction
 
 
-async def test_events_alone_commit_without_a_session(
+async def test_events_and_ends_commit_without_a_session(
     client: httpx.AsyncClient, orch: Orchestrator, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """On SQLite a batch of events with no finalizer (a step's tokens) commits on the
-    driver's own transaction: no session is opened for it. PostgreSQL writes in a session."""
+    """On SQLite the writer's batches made of prepared statements alone (events, a step's
+    end and settlement) commit on the driver's own transaction: it opens no session for
+    them. PostgreSQL writes in sessions."""
     from orchestratord.eventlog import make_event
 
     run_id = await make_run(client)
@@ -63,7 +64,7 @@ async def test_events_alone_commit_without_a_session(
 
     def counting_write(*, urgent: bool = False):  # type: ignore[no-untyped-def]
         nonlocal sessions
-        sessions += 1
+        sessions += urgent  # the writer's
         return real_write(urgent=urgent)
 
     monkeypatch.setattr(orch.db, "write", counting_write)
@@ -72,6 +73,14 @@ async def test_events_alone_commit_without_a_session(
     assert sessions == (0 if orch.db.is_sqlite else 1)
     stored = await stored_events(orch.db, run_id=run_id)
     assert [ev.run_seq for ev in stored] == list(range(5))
+    sessions = 0
+    step_id = (await submit(client, run_id, max_tokens=3)).json()["step_id"]
+    step = await wait_status(client, step_id, "succeeded")
+    assert step["usage"]["tokens_out"] == 3
+    if orch.db.is_sqlite:
+        assert sessions == 0
+    run = (await client.get(f"/v1/runs/{run_id}")).json()
+    assert run["usage"]["tokens_out"] == 3 and run["reserved"]["tokens_out"] == 0
 
 
 def test_token_template_equals_the_generic_encoding() -> None:

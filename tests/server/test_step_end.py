@@ -3,16 +3,33 @@ elsewhere: cancelled, reaped) cannot be ended again, and its run's account is un
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
 import httpx
 import pytest
 
 from contracts.events import EndEvent
 from orchestrator_core.errors import Conflict, NotFound
 from orchestrator_core.lifecycle import StepStatus
+from orchestratord.db.prepared import Target
 from orchestratord.runtime import Orchestrator
 from orchestratord.steps.ending import Ending
 from orchestratord.steps.transition import ending_finalizer
 from tests.helpers import make_run, submit, wait_status
+
+
+@asynccontextmanager
+async def _transaction(orch: Orchestrator, on: str) -> AsyncIterator[Target]:
+    """The finalizer's transaction: a session's, or (SQLite) the driver's alone."""
+    if on == "session":
+        async with orch.db.write() as session:
+            yield session
+        return
+    if not orch.db.on_driver:
+        pytest.skip("PostgreSQL ends steps in sessions")
+    async with orch.db.driver_write() as tx:
+        yield tx
 
 
 def _ending() -> Ending:
@@ -20,21 +37,23 @@ def _ending() -> Ending:
     return Ending(StepStatus.SUCCEEDED, event, {"text": "x"}, tokens_in=1, tokens_out=1)
 
 
+@pytest.mark.parametrize("on", ["session", "driver"])
 async def test_an_ended_step_is_not_ended_again(
-    orch: Orchestrator, client: httpx.AsyncClient
+    orch: Orchestrator, client: httpx.AsyncClient, on: str
 ) -> None:
     run_id = await make_run(client)
     step_id = (await submit(client, run_id, max_tokens=2)).json()["step_id"]
     before = await wait_status(client, step_id, "succeeded")
     run_before = (await client.get(f"/v1/runs/{run_id}")).json()
     with pytest.raises(Conflict, match="succeeded, not running"):
-        async with orch.db.write() as session:
-            await ending_finalizer(step_id, _ending())(session)
+        async with _transaction(orch, on) as target:
+            await ending_finalizer(step_id, _ending()).run(target)
     assert (await client.get(f"/v1/steps/{step_id}")).json() == before
     assert (await client.get(f"/v1/runs/{run_id}")).json()["usage"] == run_before["usage"]
 
 
-async def test_ending_a_step_that_does_not_exist_names_it(orch: Orchestrator) -> None:
+@pytest.mark.parametrize("on", ["session", "driver"])
+async def test_ending_a_step_that_does_not_exist_names_it(orch: Orchestrator, on: str) -> None:
     with pytest.raises(NotFound):
-        async with orch.db.write() as session:
-            await ending_finalizer("step_nope", _ending())(session)
+        async with _transaction(orch, on) as target:
+            await ending_finalizer("step_nope", _ending()).run(target)
