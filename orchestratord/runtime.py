@@ -233,8 +233,8 @@ class Orchestrator:
         """A write transaction; its events are published and callbacks run after commit."""
         tx: Tx | None = None
         try:
-            async with self.db.write() as session:
-                tx = Tx(session)
+            async with self.db.write_tx() as on:
+                tx = Tx(on)
                 yield tx
         except BaseException:
             if tx is not None:

@@ -3,25 +3,47 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from orchestratord.db.engine import WriteTx
+from orchestratord.db.prepared import Target
 from orchestratord.eventlog import LogEvent, insert_events
 
 
-@dataclass
 class Tx:
-    session: AsyncSession
-    events: list[LogEvent] = field(default_factory=list)
-    callbacks: list[Callable[[], None]] = field(default_factory=list)
-    undo: list[Callable[[], None]] = field(default_factory=list)
+    """A write transaction: a session's, or (SQLite in a file) one begun on the driver that a
+    session joins when code first asks for ``session``; prepared statements run on
+    ``target``, so a transaction made of them alone opens no session."""
+
+    def __init__(self, on: AsyncSession | WriteTx) -> None:
+        self._on = on
+        self.events: list[LogEvent] = []
+        self.callbacks: list[Callable[[], None]] = []
+        self.undo: list[Callable[[], None]] = []
+
+    @property
+    def session(self) -> AsyncSession:
+        on = self._on
+        return on if isinstance(on, AsyncSession) else on.session
+
+    @property
+    def target(self) -> Target:
+        """Where prepared statements run: the session once there is one (it flushes what it
+        holds first), else the driver's transaction."""
+        on = self._on
+        return on if isinstance(on, AsyncSession) else on.target
+
+    @property
+    def sqlite(self) -> bool:
+        on = self._on
+        return not isinstance(on, AsyncSession) or on.get_bind().dialect.name == "sqlite"
 
     async def append_events(self, events: list[LogEvent]) -> None:
         """Write events now; they are published to followers after commit."""
         if not events:
             return
-        self.events.extend(await insert_events(self.session, events))
+        self.events.extend(await insert_events(self.target, events))
 
     def after_commit(self, callback: Callable[[], None]) -> None:
         self.callbacks.append(callback)

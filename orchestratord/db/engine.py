@@ -29,6 +29,7 @@ from sqlalchemy.ext.asyncio import (
     async_sessionmaker,
     create_async_engine,
 )
+from sqlalchemy.pool import StaticPool
 
 from orchestratord.db.inline_sqlite import InlineConnection, inline_creator, open_sqlite
 from orchestratord.db.prepared import DriverTx
@@ -98,6 +99,26 @@ class WriteLock:
         self._held = False
 
 
+class WriteTx:
+    """A write transaction begun on SQLite's driver (``Database.write_tx``); the session
+    that joins it is made when first asked for."""
+
+    def __init__(self, driver: DriverTx, make: async_sessionmaker[AsyncSession]) -> None:
+        self.driver = driver
+        self._make = make
+        self.joined: AsyncSession | None = None
+
+    @property
+    def session(self) -> AsyncSession:
+        if self.joined is None:
+            self.joined = self._make()
+        return self.joined
+
+    @property
+    def target(self) -> AsyncSession | DriverTx:
+        return self.joined if self.joined is not None else self.driver
+
+
 class Database:
     def __init__(
         self, url: str, *, echo: bool = False, pool_size: int = 10, max_overflow: int = 20
@@ -125,12 +146,24 @@ class Database:
         if self.is_sqlite:
             _install_sqlite_hooks(self.engine)
         self._reader = async_sessionmaker(self.engine, expire_on_commit=False)
+        # SQLite in a file: writes go to the process's one writer connection, the driver
+        # transactions' too, so a session can join a transaction begun on the driver
+        self._write_engine: AsyncEngine | None = None
+        if self._driver_file is not None:
+            self._write_engine = create_async_engine(
+                self.url, poolclass=StaticPool, async_creator=self._inline_writer, echo=echo
+            )
+            _install_sqlite_hooks(self._write_engine)
         self._writer = async_sessionmaker(
-            self.engine.execution_options(sqlite_begin="IMMEDIATE"), expire_on_commit=False
+            (self._write_engine or self.engine).execution_options(sqlite_begin="IMMEDIATE"),
+            expire_on_commit=False,
         )
         self._write_lock = WriteLock()
         # names this process's writes (PostgreSQL wake-ups skip what the process wrote itself)
         self.origin = uuid.uuid4().hex[:16]
+
+    async def _inline_writer(self) -> InlineConnection:
+        return InlineConnection(self._writer_connection())
 
     @property
     def is_sqlite(self) -> bool:
@@ -165,12 +198,7 @@ class Database:
         assert self._driver_file is not None, "only SQLite in a file writes on the driver"
         await self._write_lock.acquire(urgent=urgent)
         try:
-            driver = self._driver
-            if driver is None:
-                driver = self._driver = open_sqlite(
-                    self._driver_file, timeout_s=SQLITE_BUSY_TIMEOUT_MS / 1000
-                )
-                configure_sqlite(driver)
+            driver = self._writer_connection()
             driver.execute("BEGIN IMMEDIATE").close()
             try:
                 yield DriverTx(driver, self.engine.dialect)
@@ -183,11 +211,53 @@ class Database:
             self._write_lock.release()
 
     @asynccontextmanager
+    async def write_tx(self) -> AsyncIterator[AsyncSession | WriteTx]:
+        """A write transaction for ``Tx``: on SQLite in a file begun on the driver, a session
+        joining it only when asked for (``WriteTx``); elsewhere a session."""
+        if self._driver_file is None:
+            async with self.write() as session:
+                yield session
+            return
+        await self._write_lock.acquire()
+        try:
+            driver = self._writer_connection()
+            driver.execute("BEGIN IMMEDIATE").close()
+            tx = WriteTx(DriverTx(driver, self.engine.dialect), self._writer)
+            try:
+                yield tx
+                if tx.joined is not None:
+                    await tx.joined.commit()  # flushes, and commits the driver's transaction
+                if driver.in_transaction:
+                    driver.commit()
+            except BaseException:
+                if tx.joined is not None:
+                    await tx.joined.rollback()
+                if driver.in_transaction:
+                    driver.rollback()
+                raise
+            finally:
+                if tx.joined is not None:
+                    await tx.joined.close()
+        finally:
+            self._write_lock.release()
+
+    @asynccontextmanager
     async def read(self) -> AsyncIterator[AsyncSession]:
         async with self._reader() as session:
             yield session
 
+    def _writer_connection(self) -> sqlite3.Connection:
+        """SQLite in a file: the one connection this process writes on (writes are
+        serialized by the write lock), shared by its sessions and its driver transactions."""
+        assert self._driver_file is not None
+        if self._driver is None:
+            self._driver = open_sqlite(self._driver_file, timeout_s=SQLITE_BUSY_TIMEOUT_MS / 1000)
+            configure_sqlite(self._driver)
+        return self._driver
+
     async def dispose(self) -> None:
+        if self._write_engine is not None:
+            await self._write_engine.dispose()
         if self._driver is not None:
             self._driver.close()
             self._driver = None
@@ -209,6 +279,7 @@ def _install_sqlite_hooks(engine: AsyncEngine) -> None:
         mode = conn.get_execution_options().get("sqlite_begin", "DEFERRED")
         driver = conn.connection.driver_connection
         if isinstance(driver, InlineConnection):  # on the loop: no statement machinery
-            driver.sqlite.execute(f"BEGIN {mode}").close()
+            if not driver.sqlite.in_transaction:  # else: joining one begun on the driver
+                driver.sqlite.execute(f"BEGIN {mode}").close()
         else:
             conn.exec_driver_sql(f"BEGIN {mode}")

@@ -100,7 +100,7 @@ _RESERVE = Prepared(
 
 
 async def reserve(
-    session: AsyncSession, *, run_id: str, limits: Limits, reservation: Reservation
+    target: Target, *, run_id: str, limits: Limits, reservation: Reservation
 ) -> tuple[int, Ledger] | None:
     """Take the step's position and add its reservation, only if it still fits.
 
@@ -118,7 +118,7 @@ async def reserve(
         "max_cost": float(_NO_LIMIT) if limits.max_cost_usd is None else limits.max_cost_usd + 1e-9,
         "b_now": clock.now(),
     }
-    row = await _RESERVE.first(session, params)
+    row = await _RESERVE.first(target, params)
     if row is None:
         return None
     return row[0] - 1, Ledger(*row[1:])

@@ -42,7 +42,7 @@ from orchestrator_core.policy import Decision, PolicyDenied, PolicySubject, Rule
 from orchestrator_core.pricing import Price
 from orchestratord import tracing
 from orchestratord.db.models import Flow, Run, Step
-from orchestratord.db.prepared import Prepared, detached
+from orchestratord.db.prepared import Prepared, Target, detached
 from orchestratord.metrics import Metrics
 from orchestratord.policies import policy_of
 from orchestratord.pools.registry import Pool, PoolRegistry, Replica
@@ -128,8 +128,13 @@ class Submission:
         return self.tx.session
 
     @property
+    def db(self) -> Target:
+        """Where its prepared statements run (no session is made for them alone)."""
+        return self.tx.target
+
+    @property
     def sqlite(self) -> bool:
-        return self.session.get_bind().dialect.name == "sqlite"
+        return self.tx.sqlite
 
     def repeat(self, step: Step) -> Submitted:
         return Submitted(
@@ -161,7 +166,7 @@ class LoadRun:
     async def apply(self, sub: Submission) -> Submitted | None:
         body = sub.body
         params = {"run_id": sub.run_id, "token": body.client_token}
-        found = await _RUN_AND_TOKEN.first(sub.session, params)
+        found = await _RUN_AND_TOKEN.first(sub.db, params)
         if found is None:
             raise NotFound("run", sub.run_id)
         sub.run = detached(Run, dict(zip(_RUN_COLUMNS, found, strict=False)))
@@ -370,7 +375,7 @@ class StartNow:
         if pool.free_slots <= 0:
             return None
         params = {"pool_id": pool.pool_id, "rank": PRIORITY_RANK[sub.body.priority]}
-        if (await _AHEAD_IN_POOL.rows(sub.session, params))[0][0]:
+        if (await _AHEAD_IN_POOL.rows(sub.db, params))[0][0]:
             return None
         replica = starter.slot_for(pool, sub.run)  # taken meanwhile, or its session's is busy
         if replica is not None:
@@ -389,7 +394,7 @@ class Admit:
         priority = sub.body.priority
         if not sub.sqlite:  # one admitter per priority at a time across processes
             await admission_lock(sub.session, priority)
-        queued = (await _QUEUED_AT_PRIORITY.rows(sub.session, {"priority": priority}))[0][0]
+        queued = (await _QUEUED_AT_PRIORITY.rows(sub.db, {"priority": priority}))[0][0]
         sub.verdict = admit(sub.ctx.admission, priority=priority, queued=queued)
         return None
 
@@ -452,7 +457,7 @@ class Insert:
     async def _reserve_and_insert(
         self, sub: Submission, *, on_conflict: bool = False
     ) -> tuple[Step, Ledger]:
-        session, run_id = sub.session, sub.run_id
+        run_id = sub.run_id
         ledger = ledger_of(sub.run)  # current on SQLite (the write lock is ours); re-read if stale
         run_limits = Limits.from_dict(sub.run.budgets)
         for attempt in range(3):
@@ -460,15 +465,13 @@ class Insert:
                 reservation = self._plan(sub, ledger)
             except BudgetExceeded:
                 if attempt == 0 and not sub.sqlite:
-                    ledger = await read_ledger(session, run_id=run_id)
+                    ledger = await read_ledger(sub.session, run_id=run_id)
                     continue
                 raise
-            taken = await reserve(
-                session, run_id=run_id, limits=run_limits, reservation=reservation
-            )
+            taken = await reserve(sub.db, run_id=run_id, limits=run_limits, reservation=reservation)
             if taken is not None:
                 break
-            ledger = await read_ledger(session, run_id=run_id)
+            ledger = await read_ledger(sub.session, run_id=run_id)
         else:
             raise Conflict("the run's budget kept changing while reserving; retry", retriable=True)
         position, ledger_after = taken
@@ -487,11 +490,11 @@ class Insert:
         # a Core insert of the whole row: the unit of work costs more than the insert
         row = {c: getattr(step, c) for c in _STEP_COLUMNS}
         if on_conflict:  # PostgreSQL: a concurrent submission of the token committed first
-            if await _INSERT_STEP_UNLESS_TOKEN.first(session, row) is None:
-                await unreserve(session, run_id=run_id, reservation=reservation)
+            if await _INSERT_STEP_UNLESS_TOKEN.first(sub.db, row) is None:
+                await unreserve(sub.session, run_id=run_id, reservation=reservation)
                 raise _TokenTaken
         else:
-            await _INSERT_STEP.rows(session, row)
+            await _INSERT_STEP.rows(sub.db, row)
         if started is not None:
             starter = sub.ctx.starter
             assert starter is not None

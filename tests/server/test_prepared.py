@@ -3,6 +3,7 @@ mean what the session would have made of them, on both backends."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any, cast
@@ -10,11 +11,13 @@ from typing import Any, cast
 import pytest
 import sqlalchemy as sa
 from sqlalchemy import event
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from orchestratord.db.engine import Database
 from orchestratord.db.migrate import upgrade
 from orchestratord.db.models import Flow, Run
 from orchestratord.db.prepared import Prepared, detached, sqlite_driver
+from orchestratord.tx import Tx
 
 _RUNS = cast(sa.Table, Run.__table__)
 _RUN_BY_ID = Prepared(sa.select(*_RUNS.columns).where(_RUNS.c.run_id == sa.bindparam("id")))
@@ -198,3 +201,41 @@ async def test_a_driver_transaction_commits_or_rolls_back_whole(db: Database) ->
 _RENAME = Prepared(
     _RUNS.update().where(_RUNS.c.run_id == sa.bindparam("id")).values(run_id=sa.bindparam("to"))
 )
+
+
+async def test_a_session_joins_the_driver_transaction_and_both_commit_or_roll_back(
+    db: Database,
+) -> None:
+    """``write_tx`` (a route's transaction): begun on SQLite's driver; a session made in it
+    joins the same transaction, so what both wrote commits, or rolls back, together."""
+    await _seed(db, _run("run_k"), _run("run_l"))
+    for fail in (True, False):
+        with contextlib.suppress(RuntimeError):
+            async with db.write_tx() as on:
+                tx = Tx(on)
+                await _SET_STATUS.rows(tx.target, {"id": "run_k", "s": "cancelling"})
+                run = await tx.session.get(Run, "run_l")
+                assert run is not None
+                run.status = "cancelling"
+                # the session holds a change: a statement after it sees it (it is flushed)
+                assert tx.target is tx.session
+                assert await _RUNNING_BY_ID.rows(tx.target, {"id": "run_l"}) == []
+                if fail:
+                    raise RuntimeError("abort")
+        async with db.read() as session:
+            statuses = {
+                r.run_id: r.status for r in (await session.execute(sa.select(Run))).scalars()
+            }
+        expected = "running" if fail else "cancelling"
+        assert statuses == {"run_k": expected, "run_l": expected}
+
+
+async def test_a_transaction_of_prepared_statements_makes_no_session(db: Database) -> None:
+    await _seed(db, _run("run_m"))
+    async with db.write_tx() as on:
+        tx = Tx(on)
+        await _SET_STATUS.rows(tx.target, {"id": "run_m", "s": "cancelling"})
+        made = isinstance(on, AsyncSession) or on.joined is not None
+    assert made is (not db.on_driver)  # PostgreSQL: a session from the start
+    async with db.read() as session:
+        assert (await session.get(Run, "run_m")).status == "cancelling"  # type: ignore[union-attr]

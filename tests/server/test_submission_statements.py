@@ -6,7 +6,8 @@ PostgreSQL, no savepoint (its insert gives way to a concurrent submission of its
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
@@ -49,16 +50,14 @@ def statements(orch: Orchestrator) -> Iterator[Statements]:
     counter = Statements()
     engine = orch.db.engine.sync_engine
     if orch.db.is_sqlite:
-        # SQLite's hot statements run on the driver connection itself (db/prepared.py): the
-        # driver's trace sees every statement, the session's and those
-        def trace(dbapi_connection: Any, _record: Any, _proxy: Any) -> None:
-            dbapi_connection.driver_connection.sqlite.set_trace_callback(counter.traced)
-
-        event.listen(engine, "checkout", trace)
+        # SQLite's writes run on the process's one writer connection, the hot statements on
+        # its driver directly (db/prepared.py): the driver's trace sees every statement
+        writer = orch.db._writer_connection()
+        writer.set_trace_callback(counter.traced)
         try:
             yield counter
         finally:
-            event.remove(engine, "checkout", trace)
+            writer.set_trace_callback(None)
         return
     event.listen(engine, "before_cursor_execute", counter.statement)
     event.listen(engine, "commit", counter.commit)
@@ -100,3 +99,26 @@ async def test_a_repeated_token_answers_with_its_first_step(
     different = await submit(client, run_id, token="same", max_tokens=3)
     assert different.status_code == 409, different.text
     assert different.json()["details"]["step_id"] == first.json()["step_id"]
+
+
+async def test_a_submission_on_sqlite_opens_no_session(
+    orch: Orchestrator, client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its statements are prepared ones: its transaction is the driver's alone."""
+    if not orch.db.on_driver:
+        pytest.skip("PostgreSQL submits in a session")
+    run_id = await make_run(client)
+    seen: list[Any] = []
+    real = orch.db.write_tx
+
+    @asynccontextmanager
+    async def spying() -> AsyncIterator[Any]:
+        async with real() as on:
+            seen.append(on)
+            yield on
+
+    monkeypatch.setattr(orch.db, "write_tx", spying)
+    r = await submit(client, run_id, token="n", max_tokens=2)
+    assert r.status_code == 202, r.text
+    assert len(seen) == 1 and seen[0].joined is None
+    await wait_status(client, r.json()["step_id"], "succeeded")
