@@ -193,32 +193,22 @@ class Database:
 
     @asynccontextmanager
     async def driver_write(self, *, urgent: bool = False) -> AsyncIterator[DriverTx]:
-        """A write transaction of prepared statements on this process's own SQLite writer
-        connection, under the same write lock as ``write``; commits on success."""
-        assert self._driver_file is not None, "only SQLite in a file writes on the driver"
-        await self._write_lock.acquire(urgent=urgent)
-        try:
-            driver = self._writer_connection()
-            driver.execute("BEGIN IMMEDIATE").close()
-            try:
-                yield DriverTx(driver, self.engine.dialect)
-                driver.commit()
-            except BaseException:
-                if driver.in_transaction:
-                    driver.rollback()
-                raise
-        finally:
-            self._write_lock.release()
+        """A write transaction of prepared statements alone on this process's SQLite writer
+        connection (no session), under the same write lock as ``write``; commits on
+        success."""
+        async with self.write_tx(urgent=urgent) as on:
+            assert isinstance(on, WriteTx), "only SQLite in a file writes on the driver"
+            yield on.driver
 
     @asynccontextmanager
-    async def write_tx(self) -> AsyncIterator[AsyncSession | WriteTx]:
+    async def write_tx(self, *, urgent: bool = False) -> AsyncIterator[AsyncSession | WriteTx]:
         """A write transaction for ``Tx``: on SQLite in a file begun on the driver, a session
         joining it only when asked for (``WriteTx``); elsewhere a session."""
         if self._driver_file is None:
-            async with self.write() as session:
+            async with self.write(urgent=urgent) as session:
                 yield session
             return
-        await self._write_lock.acquire()
+        await self._write_lock.acquire(urgent=urgent)
         try:
             driver = self._writer_connection()
             driver.execute("BEGIN IMMEDIATE").close()

@@ -9,8 +9,11 @@ session's transaction: compiled once, its parameters and results converted by th
 processors SQLAlchemy would apply. Elsewhere (PostgreSQL, an in-memory SQLite database
 behind aiosqlite's thread) the same statement goes through the session as before.
 
-Callers see one interface, ``await stmt.rows(session, params)``: a list of plain tuples,
-the statement's columns in order, whichever way it ran.
+Callers see one interface, ``await stmt.rows(target, params)``: a list of plain tuples,
+the statement's columns in order, whichever way it ran. The target is a session, or a
+``DriverTx``: a SQLite write transaction begun on the process's one writer connection with
+no session at all (``Database.driver_write``, ``Database.write_tx``), for work made of
+prepared statements alone (a submission, a batch of events, a step's end).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from typing import Any, TypeVar
 from sqlalchemy import event
 from sqlalchemy.engine import Dialect
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from sqlalchemy.orm import Session, SessionTransaction, class_mapper, make_transient_to_detached
 from sqlalchemy.sql import Executable
 
@@ -31,6 +34,7 @@ from orchestratord.db.inline_sqlite import InlineConnection
 
 _NO_DRIVER = "prepared.no_driver"
 _DRIVER = "prepared.driver"
+_CONNECTION = "prepared.connection"
 
 _T = TypeVar("_T")
 _Processor = Callable[[Any], Any] | None
@@ -107,14 +111,11 @@ class Prepared:
         else:
             session = target
             found = await sqlite_driver(session)
-            if found is None:
-                result = await session.execute(self.stmt, params)
-                # an ORM session answers a select with a result of rows; DML with a cursor's
-                if not getattr(result, "returns_rows", True):
-                    return []
-                return [tuple(row) for row in result.all()]
             if not session.sync_session._is_clean():
                 await session.flush()  # what the session would autoflush before the statement
+            if found is None:  # a Core statement: on the session's connection, past the ORM
+                result = await (await _connection(session)).execute(self.stmt, params)
+                return [tuple(row) for row in result.all()] if result.returns_rows else []
             driver, dialect = found, session.get_bind().dialect
         compiled = self._compiled
         if compiled is None:
@@ -149,11 +150,20 @@ async def sqlite_driver(session: AsyncSession) -> sqlite3.Connection | None:
     return adapted.sqlite
 
 
+async def _connection(session: AsyncSession) -> AsyncConnection:
+    """The session's connection in this transaction (asked for once per transaction)."""
+    conn = session.info.get(_CONNECTION)
+    if conn is None:
+        conn = session.info[_CONNECTION] = await session.connection()
+    return conn
+
+
 @event.listens_for(Session, "after_transaction_end")
-def _forget_driver(session: Session, transaction: SessionTransaction) -> None:
+def _forget_connection(session: Session, transaction: SessionTransaction) -> None:
     # the next transaction of the session may run on another pooled connection
     if transaction.parent is None:
         session.info.pop(_DRIVER, None)
+        session.info.pop(_CONNECTION, None)
 
 
 def run_on_driver(
