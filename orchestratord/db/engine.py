@@ -240,6 +240,11 @@ class Database:
         """SQLite in a file: the one connection this process writes on (writes are
         serialized by the write lock), shared by its sessions and its driver transactions."""
         assert self._driver_file is not None
+        if self._driver is not None:
+            try:
+                _ = self._driver.in_transaction  # raises once closed: SQLAlchemy invalidated it
+            except sqlite3.ProgrammingError:
+                self._driver = None
         if self._driver is None:
             self._driver = open_sqlite(self._driver_file, timeout_s=SQLITE_BUSY_TIMEOUT_MS / 1000)
             configure_sqlite(self._driver)

@@ -239,3 +239,22 @@ async def test_a_transaction_of_prepared_statements_makes_no_session(db: Databas
     assert made is (not db.on_driver)  # PostgreSQL: a session from the start
     async with db.read() as session:
         assert (await session.get(Run, "run_m")).status == "cancelling"  # type: ignore[union-attr]
+
+
+async def test_the_writer_connection_comes_back_after_it_was_invalidated(db: Database) -> None:
+    """SQLAlchemy closes a connection it invalidates and asks for a new one: the process's
+    one writer connection is then opened again, for its sessions and its driver alike."""
+    if not db.on_driver:
+        pytest.skip("the writer connection is SQLite's")
+    await _seed(db, _run("run_n"))
+    with pytest.raises(sa.exc.PendingRollbackError):  # that transaction is lost with it
+        async with db.write() as session:
+            await (await session.connection()).invalidate()
+    async with db.driver_write() as tx:
+        await _SET_STATUS.rows(tx, {"id": "run_n", "s": "cancelling"})
+    async with db.write() as session:
+        run = await session.get(Run, "run_n")
+        assert run is not None and run.status == "cancelling"
+        run.status = "completed"
+    async with db.read() as session:
+        assert (await session.get(Run, "run_n")).status == "completed"  # type: ignore[union-attr]
