@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import sqlite3
 import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Sequence
@@ -33,7 +32,7 @@ from contracts.events import EventBase, NarrationEvent
 from orchestrator_core.event_order import TERMINAL_TYPES, EventOrder, EventType
 from orchestratord.db.engine import Database
 from orchestratord.db.models import Event, Run
-from orchestratord.db.prepared import DriverTx, Prepared, Target, run_on_driver, sqlite_driver
+from orchestratord.db.prepared import DriverTx, Prepared, Target, dialect_of, driver_sql
 
 log = logging.getLogger(__name__)
 
@@ -195,16 +194,16 @@ async def insert_events(target: Target, events: Sequence[LogEvent]) -> list[LogE
     for ev in events:
         per_run[ev.run_id].append(ev)
     runs = sorted(per_run)  # a fixed lock order: no deadlock between writers
-    dialect = target.dialect if isinstance(target, DriverTx) else target.get_bind().dialect
+    dialect = dialect_of(target)
     if len(runs) == 1:
         take = {"b_run_id": runs[0], "b_count": len(per_run[runs[0]])}
         tops = {runs[0]: (await _TAKE_RUN_SEQ.rows(target, take))[0][0]}
     else:  # one statement for every run in the batch, its text made once per run count
         style, n = dialect.paramstyle, len(runs)
         if dialect.name == "postgresql":
-            await _driver_sql(target, _lock_runs_sql(style, n), tuple(runs))
+            await driver_sql(target, _lock_runs_sql(style, n), tuple(runs))
         params = tuple(x for r in runs for x in (r, len(per_run[r]))) + tuple(runs)
-        tops = dict(await _driver_sql(target, _take_run_seqs_sql(style, n), params))
+        tops = dict(await driver_sql(target, _take_run_seqs_sql(style, n), params))
     ordered: list[LogEvent] = []
     for run_id in runs:
         batch = _by_step(per_run[run_id])
@@ -213,7 +212,7 @@ async def insert_events(target: Target, events: Sequence[LogEvent]) -> list[LogE
             ev.run_seq = first + offset
         ordered.extend(batch)
     # The driver's own executemany with plain tuples: per row, no parameter processing.
-    await _driver_sql(target, _INSERT_SQL[dialect.paramstyle], _rows(ordered), many=True)
+    await driver_sql(target, _INSERT_SQL[dialect.paramstyle], _rows(ordered), many=True)
     origin = None if isinstance(target, DriverTx) else target.info.get("origin")
     if origin is not None and dialect.name == "postgresql":
         assert isinstance(target, AsyncSession)
@@ -221,22 +220,6 @@ async def insert_events(target: Target, events: Sequence[LogEvent]) -> list[LogE
             _NOTIFY, {"channel": WAKE_CHANNEL, "payload": wake_payload(origin, ordered)}
         )
     return ordered
-
-
-async def _driver_sql(
-    target: Target, sql: str, params: Any, *, many: bool = False
-) -> list[tuple[Any, ...]]:
-    """SQL in the driver's own dialect, on the SQLite connection itself where it runs inline,
-    else through the session's connection; the rows it returns."""
-    if isinstance(target, DriverTx):
-        driver: sqlite3.Connection | None = target.sqlite
-    else:
-        driver = await sqlite_driver(target)
-    if driver is None:
-        assert isinstance(target, AsyncSession)
-        result = await (await target.connection()).exec_driver_sql(sql, params)
-        return [tuple(row) for row in result.all()] if result.returns_rows else []
-    return run_on_driver(driver, sql, params, many=many)
 
 
 EVENT_COLUMNS = (

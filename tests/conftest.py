@@ -74,6 +74,17 @@ def settings(db_url: str) -> Settings:
 
 
 @pytest.fixture
+async def db(db_url: str) -> AsyncIterator[Database]:
+    """A migrated database on each backend, without an Orchestrator around it."""
+    database = Database(db_url)
+    await upgrade(database)
+    try:
+        yield database
+    finally:
+        await database.dispose()
+
+
+@pytest.fixture
 async def orch(settings: Settings) -> AsyncIterator[Orchestrator]:
     orch = Orchestrator(settings)
     await orch.start()

@@ -106,20 +106,16 @@ class Prepared:
     async def rows(
         self, target: Target, params: Mapping[str, Any] | None = None
     ) -> list[tuple[Any, ...]]:
-        if isinstance(target, DriverTx):
-            driver, dialect = target.sqlite, target.dialect
-        else:
-            session = target
-            found = await sqlite_driver(session)
-            if not session.sync_session._is_clean():
-                await session.flush()  # what the session would autoflush before the statement
-            if found is None:  # a Core statement: on the session's connection, past the ORM
-                result = await (await _connection(session)).execute(self.stmt, params)
-                return [tuple(row) for row in result.all()] if result.returns_rows else []
-            driver, dialect = found, session.get_bind().dialect
+        driver = await _driver_of(target)
+        if isinstance(target, AsyncSession) and not target.sync_session._is_clean():
+            await target.flush()  # what the session would autoflush before the statement
+        if driver is None:  # a Core statement: on the session's connection, past the ORM
+            assert isinstance(target, AsyncSession)
+            result = await (await _connection(target)).execute(self.stmt, params)
+            return [tuple(row) for row in result.all()] if result.returns_rows else []
         compiled = self._compiled
         if compiled is None:
-            compiled = self._compiled = _Compiled(self.stmt, dialect)
+            compiled = self._compiled = _Compiled(self.stmt, dialect_of(target))
         return run_on_driver(driver, compiled.sql, compiled.bound(params or {}), compiled.rows)
 
     async def first(
@@ -127,6 +123,28 @@ class Prepared:
     ) -> tuple[Any, ...] | None:
         rows = await self.rows(target, params)
         return rows[0] if rows else None
+
+
+async def driver_sql(
+    target: Target, sql: str, params: Any, *, many: bool = False
+) -> list[tuple[Any, ...]]:
+    """SQL in the driver's own dialect (its paramstyle, no conversions), on SQLite's driver
+    where it runs inline, else on the session's connection; the rows it returns."""
+    driver = await _driver_of(target)
+    if driver is None:
+        assert isinstance(target, AsyncSession)
+        result = await (await _connection(target)).exec_driver_sql(sql, params)
+        return [tuple(row) for row in result.all()] if result.returns_rows else []
+    return run_on_driver(driver, sql, params, many=many)
+
+
+def dialect_of(target: Target) -> Dialect:
+    return target.dialect if isinstance(target, DriverTx) else target.get_bind().dialect
+
+
+async def _driver_of(target: Target) -> sqlite3.Connection | None:
+    """The SQLite connection a statement of ``target`` runs on directly, or ``None``."""
+    return target.sqlite if isinstance(target, DriverTx) else await sqlite_driver(target)
 
 
 async def sqlite_driver(session: AsyncSession) -> sqlite3.Connection | None:

@@ -151,7 +151,7 @@ async def unreserve(session: AsyncSession, *, run_id: str, reservation: Reservat
 
 
 async def settle(
-    session: Target,
+    target: Target,
     *,
     step: Held,
     tokens_in: int,
@@ -166,7 +166,7 @@ async def settle(
     priced steps, which is what a cost budget counts (an unpriced model never runs under
     one)."""
     ((status, ended_at),) = await _SETTLE.rows(
-        session,
+        target,
         {
             "b_run_id": step.run_id,
             "used_in": tokens_in,

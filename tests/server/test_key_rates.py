@@ -13,17 +13,6 @@ import pytest
 from orchestrator_core.errors import LimitExceeded
 from orchestratord.auth.rates import KeyRates
 from orchestratord.db.engine import Database
-from orchestratord.db.migrate import upgrade
-
-
-@pytest.fixture
-async def db(db_url: str) -> AsyncIterator[Database]:
-    database = Database(db_url)
-    await upgrade(database)
-    try:
-        yield database
-    finally:
-        await database.dispose()
 
 
 async def test_added_counts_stand_when_the_totals_cannot_be_read(

@@ -4,7 +4,6 @@ mean what the session would have made of them, on both backends."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any, cast
 
@@ -14,7 +13,6 @@ from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from orchestratord.db.engine import Database
-from orchestratord.db.migrate import upgrade
 from orchestratord.db.models import Flow, Run
 from orchestratord.db.prepared import Prepared, detached, sqlite_driver
 from orchestratord.tx import Tx
@@ -35,16 +33,6 @@ _TOUCH = Prepared(
 _SET_STATUS = Prepared(
     _RUNS.update().where(_RUNS.c.run_id == sa.bindparam("id")).values(status=sa.bindparam("s"))
 )
-
-
-@pytest.fixture
-async def db(db_url: str) -> AsyncIterator[Database]:
-    database = Database(db_url)
-    await upgrade(database)
-    try:
-        yield database
-    finally:
-        await database.dispose()
 
 
 def _run(run_id: str, **overrides: Any) -> Run:
