@@ -41,8 +41,9 @@ class Limits:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> Limits:
-        data = data or {}
-        return cls(**{f.name: data.get(f.name) for f in fields(cls)})
+        if not data:
+            return cls()
+        return cls(**{name: data.get(name) for name in _LIMIT_NAMES})
 
     def narrow(self, other: Limits) -> Limits:
         """The tighter of two budgets, limit by limit."""
@@ -55,12 +56,16 @@ class Limits:
             return min(a, b)
 
         return Limits(
-            **{f.name: tight(getattr(self, f.name), getattr(other, f.name)) for f in fields(self)}
+            **{name: tight(getattr(self, name), getattr(other, name)) for name in _LIMIT_NAMES}
         )
 
     @property
     def any(self) -> bool:
-        return any(getattr(self, f.name) is not None for f in fields(self))
+        return any(getattr(self, name) is not None for name in _LIMIT_NAMES)
+
+
+# read once: ``fields()`` walks the class on every call (a step submission reads two)
+_LIMIT_NAMES = tuple(f.name for f in fields(Limits))
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,7 @@
 """One async interface to inference engines, one module per engine protocol."""
 
+# imported with the package: its logger exists before a service installs its log scrubbing
+from worker_adapters import http1 as _http1  # noqa: F401
 from worker_adapters.base import (
     AdapterEvent,
     Capabilities,

@@ -2,7 +2,8 @@
 
 Prompts go to ``/completions`` and messages to ``/chat/completions``, streamed
 (``stream: true`` with ``stream_options.include_usage``). Each streamed chunk that carries
-text is one token event; usage comes from the final chunk. httpx's errors never leave this
+text is one token event; usage comes from the final chunk. Requests go through
+``worker_adapters/http1.py`` (a keep-alive pool per engine); its errors never leave this
 module: they become :class:`EngineUnavailable` (cannot connect) or :class:`EngineFailure`
 (the engine answered badly), ``retriable`` where a retry can help. Cancelling closes the
 upstream response, which is how these servers learn to free the slot. The API key is sent as
@@ -16,7 +17,6 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
-import httpx
 import orjson
 
 from worker_adapters.base import (
@@ -29,6 +29,7 @@ from worker_adapters.base import (
     WorkerAdapter,
 )
 from worker_adapters.errors import AdapterError, EngineFailure, EngineUnavailable
+from worker_adapters.http1 import ConnectFailed, Http1Client, HttpError, Response, TimedOut
 
 _FINISH = {
     "length": "length",
@@ -53,7 +54,6 @@ class OpenAIAdapter(WorkerAdapter):
         connect_timeout_s: float = 5.0,
         read_timeout_s: float = 60.0,
         model_hash: str | None = None,
-        transport: httpx.AsyncBaseTransport | None = None,
         connections: int = 64,
     ) -> None:
         self.base_url = base_url.rstrip("/")
@@ -63,18 +63,17 @@ class OpenAIAdapter(WorkerAdapter):
         # what this adapter sends as a credential, for the control plane to mask wherever
         # an engine's reply (an error quoting the request) would show it
         self.secrets: tuple[str, ...] = (api_key,) if api_key else ()
-        self._client = httpx.AsyncClient(
-            base_url=self.base_url,
+        # one kept-alive connection per slot (plus health checks): a connection closed after
+        # each generation would cost a TCP handshake on the next one's TTFT
+        self._client = Http1Client(
+            self.base_url,
             headers=headers,
-            timeout=httpx.Timeout(read_timeout_s, connect=connect_timeout_s),
-            transport=transport,
-            # one kept-alive connection per slot (plus health checks): a connection closed
-            # after each generation would cost a TCP handshake on the next one's TTFT
-            limits=httpx.Limits(
-                max_connections=connections + 2, max_keepalive_connections=connections + 2
-            ),
+            connect_timeout_s=connect_timeout_s,
+            read_timeout_s=read_timeout_s,
+            connections=connections + 2,
         )
-        self._open: dict[str, httpx.Response] = {}
+        self._prefix = self._client.prefix
+        self._open: dict[str, Response] = {}
         self._caps: Capabilities | None = None
 
     def __repr__(self) -> str:
@@ -116,11 +115,12 @@ class OpenAIAdapter(WorkerAdapter):
         finish: str | None = None
         done = False
         try:
-            async with self._client.stream("POST", path, json=body) as response:
+            async with self._client.stream(
+                "POST", self._prefix + path, body=orjson.dumps(body)
+            ) as response:
                 self._open[request.request_id] = response
-                if response.status_code >= 400:
-                    await response.aread()
-                    raise _status_error(response)
+                if response.status >= 400:
+                    raise _status_error(response.status, await response.read())
                 async for payload in _data_lines(response):
                     if done:  # read to the end of the body: the connection goes back to the pool
                         continue
@@ -143,17 +143,15 @@ class OpenAIAdapter(WorkerAdapter):
                             finish = choice["finish_reason"]
         except AdapterError:
             raise
-        except httpx.ConnectError as exc:
+        except ConnectFailed as exc:
             raise EngineUnavailable(f"cannot connect to {self.base_url}: {exc}") from exc
-        except httpx.TimeoutException as exc:
+        except TimedOut as exc:
             if not done:  # after [DONE] only the end of the body was missing
-                raise EngineFailure(
-                    f"{self.base_url} timed out ({type(exc).__name__})", retriable=True
-                ) from exc
-        except httpx.HTTPError as exc:
+                raise EngineFailure(f"{self.base_url} timed out ({exc})", retriable=True) from exc
+        except HttpError as exc:
             if not done:
                 raise EngineFailure(
-                    f"stream from {self.base_url} broke: {type(exc).__name__}", retriable=True
+                    f"stream from {self.base_url} broke: {exc}", retriable=True
                 ) from exc
         finally:
             self._open.pop(request.request_id, None)
@@ -171,28 +169,29 @@ class OpenAIAdapter(WorkerAdapter):
     async def cancel(self, request_id: str) -> None:
         response = self._open.pop(request_id, None)
         if response is not None:
-            await response.aclose()  # closes the connection: the engine frees the slot
+            response.close()  # closes the connection: the engine frees the slot
 
     async def health(self) -> Health:
-        root = self.base_url.removesuffix("/v1")
+        root = self._prefix.removesuffix("/v1")
         try:
-            r = await self._client.get(f"{root}/health", timeout=3)
-            if r.status_code == 404:
-                r = await self._client.get("/models", timeout=3)
-        except httpx.HTTPError as exc:
+            status, _ = await self._client.request("GET", f"{root}/health", timeout_s=3)
+            if status == 404:
+                status, _ = await self._client.request("GET", f"{self._prefix}/models", timeout_s=3)
+        except HttpError as exc:
             return Health(live=False, ready=False, detail=f"{type(exc).__name__}")
-        if r.status_code == 200:
+        if status == 200:
             return Health(live=True, ready=True)
-        return Health(live=True, ready=False, detail=f"HTTP {r.status_code}")
+        return Health(live=True, ready=False, detail=f"HTTP {status}")
 
     async def capabilities(self) -> Capabilities:
         if self._caps is not None:
             return self._caps
         try:
-            r = await self._client.get("/models", timeout=5)
-            r.raise_for_status()
-            models = r.json().get("data") or []
-        except (httpx.HTTPError, ValueError) as exc:
+            status, raw = await self._client.request("GET", f"{self._prefix}/models", timeout_s=5)
+            if status != 200:
+                raise EngineUnavailable(f"{self.base_url}/models: HTTP {status}")
+            models = orjson.loads(raw).get("data") or []
+        except (HttpError, ValueError, AttributeError) as exc:
             raise EngineUnavailable(f"{self.base_url}/models: {type(exc).__name__}") from exc
         entry = next((m for m in models if m.get("id") == self.model), models[0] if models else {})
         # Remote servers do not publish file hashes: the model entry identifies the model,
@@ -221,10 +220,10 @@ class OpenAIAdapter(WorkerAdapter):
         await self._client.aclose()
 
 
-async def _data_lines(response: httpx.Response) -> AsyncIterator[bytes]:
+async def _data_lines(response: Response) -> AsyncIterator[bytes]:
     """The payloads of the SSE ``data:`` lines, split from raw bytes (no text decoding)."""
     pending = b""
-    async for block in response.aiter_bytes():
+    async for block in response.chunks():
         pending += block
         *lines, pending = pending.split(b"\n")
         for line in lines:
@@ -266,12 +265,12 @@ def _error_text(error: Any) -> str:
     return str(error)
 
 
-def _status_error(response: httpx.Response) -> EngineFailure:
+def _status_error(status: int, body: bytes) -> EngineFailure:
+    text = body.decode("utf-8", "replace")
     try:
-        detail = _error_text(response.json().get("error") or response.text)
-    except ValueError:
-        detail = response.text[:200]
-    retriable = response.status_code in (408, 429) or response.status_code >= 500
-    return EngineFailure(
-        f"engine answered HTTP {response.status_code}: {detail}", retriable=retriable
-    )
+        decoded = orjson.loads(body)
+        detail = _error_text(decoded.get("error") or text if isinstance(decoded, dict) else text)
+    except orjson.JSONDecodeError:
+        detail = text[:200]
+    retriable = status in (408, 429) or status >= 500
+    return EngineFailure(f"engine answered HTTP {status}: {detail}", retriable=retriable)

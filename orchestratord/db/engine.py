@@ -31,6 +31,7 @@ from sqlalchemy.ext.asyncio import (
 )
 from sqlalchemy.pool import StaticPool
 
+from orchestratord.db import json_codec
 from orchestratord.db.inline_sqlite import InlineConnection, inline_creator, open_sqlite
 from orchestratord.db.prepared import DriverTx
 
@@ -119,13 +120,20 @@ class WriteTx:
         return self.joined if self.joined is not None else self.driver
 
 
+# JSON columns: orjson, with json.dumps for what it refuses (db/json_codec.py)
+JSON_CODEC: dict[str, Any] = {
+    "json_serializer": json_codec.dumps,
+    "json_deserializer": json_codec.loads,
+}
+
+
 class Database:
     def __init__(
         self, url: str, *, echo: bool = False, pool_size: int = 10, max_overflow: int = 20
     ) -> None:
         self.url = to_async_url(url)
         self.dialect = make_url(self.url).get_backend_name()
-        kwargs: dict[str, Any] = {"echo": echo}
+        kwargs: dict[str, Any] = {"echo": echo, **JSON_CODEC}
         self._driver_file: str | None = None
         self._driver: sqlite3.Connection | None = None
         if self.is_sqlite:
@@ -151,7 +159,11 @@ class Database:
         self._write_engine: AsyncEngine | None = None
         if self._driver_file is not None:
             self._write_engine = create_async_engine(
-                self.url, poolclass=StaticPool, async_creator=self._inline_writer, echo=echo
+                self.url,
+                poolclass=StaticPool,
+                async_creator=self._inline_writer,
+                echo=echo,
+                **JSON_CODEC,
             )
             _install_sqlite_hooks(self._write_engine)
         self._writer = async_sessionmaker(

@@ -1,0 +1,391 @@
+"""A small HTTP/1.1 client for engines: an asyncio protocol around httptools' parser.
+
+An engine adapter makes one request per generation and reads a stream of small chunks; a
+general-purpose client spends far more on each than the bytes cost (httpx with httpcore and
+h11: 0.8 ms of CPU per 1-token generation on the fake OpenAI engine, against 0.08 ms here;
+measured with one client reading one engine over loopback). What it does:
+
+* a keep-alive pool per origin: at most ``connections`` open, more requests wait for one;
+  the last one put back is used first; one that the engine closed while idle is dropped,
+  and a request whose reused connection closed before any answer is sent once more on a new
+  one (the engine never saw it);
+* ``http`` and ``https``; bodies by ``Content-Length``, chunked, or ending at close;
+* a connect timeout, and a read timeout on every wait for bytes;
+* back-pressure: reading pauses while more than 256 KiB are read and not taken;
+* a response closed before its end (a cancelled generation) closes its connection, so the
+  engine sees the client leave and frees the slot.
+
+Not: proxies, redirects, cookies, compression, HTTP/2, ``Expect: 100-continue``. Errors are
+this module's: :class:`ConnectFailed`, :class:`TimedOut`, :class:`Broken`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+import ssl
+from collections import deque
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import cast
+from urllib.parse import unquote, urlsplit
+
+import httptools
+
+log = logging.getLogger(__name__)
+
+HIGH_WATER = 256 * 1024  # unread bytes past which the connection stops reading
+LOW_WATER = 64 * 1024
+
+
+class HttpError(Exception):
+    """What went wrong talking to the engine; the message names the URL."""
+
+
+class ConnectFailed(HttpError):
+    """No connection: refused, unreachable, a failed TLS handshake."""
+
+
+class TimedOut(HttpError):
+    """No connection or no bytes within the timeout."""
+
+
+class Broken(HttpError):
+    """The connection ended, or carried what is not HTTP, before the response's end."""
+
+
+def _expire(waiter: asyncio.Future[None], what: str) -> None:
+    if not waiter.done():
+        waiter.set_exception(TimedOut(what))
+
+
+class _Connection(asyncio.Protocol):
+    """One TCP (or TLS) connection and the response being read on it."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+        self.paused = False
+        self.begin()
+
+    def begin(self) -> None:
+        """Ready for the next response."""
+        self.parser = httptools.HttpResponseParser(self)
+        self.status = 0
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.head_done = False
+        self.complete = False
+        self.keep_alive = False
+        self.error: HttpError | None = None
+        self.received = False
+        self.chunks: deque[bytes] = deque()
+        self.buffered = 0
+        self.waiter: asyncio.Future[None] | None = None
+        if self.paused and self.transport is not None:
+            self.transport.resume_reading()
+        self.paused = False
+
+    # asyncio.Protocol
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports have the methods without subclassing asyncio.Transport
+        self.transport = cast(asyncio.Transport, transport)
+
+    def data_received(self, data: bytes) -> None:
+        self.received = True
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self.fail(Broken(f"the engine sent what is not an HTTP response ({exc})"))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if not self.complete and self.error is None:
+            if self.head_done and self._ends_at_close():
+                self.complete = True
+            else:
+                self.error = Broken("the engine closed the connection before the response ended")
+        self.wake()
+
+    # httptools callbacks
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers.append((name.lower(), value))
+
+    def on_headers_complete(self) -> None:
+        self.status = self.parser.get_status_code()
+        self.head_done = True
+        self.wake()
+
+    def on_body(self, body: bytes) -> None:
+        self.chunks.append(body)
+        self.buffered += len(body)
+        if self.buffered > HIGH_WATER and not self.paused and self.transport is not None:
+            self.paused = True
+            self.transport.pause_reading()
+        self.wake()
+
+    def on_message_complete(self) -> None:
+        self.complete = True
+        self.keep_alive = self.parser.should_keep_alive()
+        self.wake()
+
+    # for the client
+
+    def _ends_at_close(self) -> bool:
+        names = {name for name, _ in self.headers}
+        return b"content-length" not in names and b"transfer-encoding" not in names
+
+    def wake(self) -> None:
+        waiter = self.waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def fail(self, error: HttpError) -> None:
+        if self.error is None and not self.complete:
+            self.error = error
+        self.close()
+        self.wake()
+
+    def close(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
+
+    def take(self) -> bytes:
+        chunk = self.chunks.popleft()
+        self.buffered -= len(chunk)
+        if self.paused and self.buffered < LOW_WATER and self.transport is not None:
+            self.paused = False
+            self.transport.resume_reading()
+        return chunk
+
+    async def wait(self, timeout_s: float, what: str) -> None:
+        """Until the protocol has news (bytes, the head, the end, an error), or TimedOut."""
+        waiter = self.waiter = self.loop.create_future()
+        timer = self.loop.call_later(timeout_s, _expire, waiter, what)
+        try:
+            await waiter
+        finally:
+            timer.cancel()
+            self.waiter = None
+
+
+class Response:
+    """A response whose head has arrived; its body is read with :meth:`chunks`."""
+
+    def __init__(self, conn: _Connection, url: str, timeout_s: float) -> None:
+        self._conn = conn
+        self.url = url
+        self.status: int = conn.status
+        self.headers = conn.headers
+        self._timeout_s = timeout_s
+        self._closed = False
+
+    def header(self, name: str) -> str | None:
+        key = name.lower().encode("latin-1")
+        for k, v in self.headers:
+            if k == key:
+                return v.decode("latin-1")
+        return None
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        """The body's bytes as they arrive (chunked encoding already removed)."""
+        conn = self._conn
+        while True:
+            if conn.chunks:
+                yield conn.take()
+            elif conn.error is not None:
+                raise type(conn.error)(f"{self.url}: {conn.error}")
+            elif conn.complete:
+                return
+            else:
+                await conn.wait(self._timeout_s, f"{self.url}: no bytes in {self._timeout_s:g} s")
+
+    async def read(self) -> bytes:
+        return b"".join([chunk async for chunk in self.chunks()])
+
+    def close(self) -> None:
+        """Stop reading: a response not read to its end takes its connection with it, so the
+        engine sees the client leave. Safe from any task, and more than once."""
+        if self._closed:
+            return
+        self._closed = True
+        if not self._conn.complete:
+            self._conn.fail(Broken("the response was closed"))
+
+    @property
+    def reusable(self) -> bool:
+        c = self._conn
+        return c.complete and c.keep_alive and not c.closed and c.error is None
+
+
+class Http1Client:
+    """Requests to one origin (``base_url``'s scheme, host and port), paths under its path."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        headers: dict[str, str] | None = None,
+        connect_timeout_s: float = 5.0,
+        read_timeout_s: float = 60.0,
+        connections: int = 64,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
+        """``base_url``'s path is :attr:`prefix`, for the caller to put before its paths; its
+        query is added to every request's; its user and password, if any, are sent as Basic
+        credentials unless ``headers`` has an ``Authorization``. ``ssl_context`` verifies an
+        ``https`` engine (default: the system's CAs)."""
+        parts = urlsplit(base_url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            # not quoted: the URL may carry credentials
+            raise ValueError(
+                f"base_url must be an http:// or https:// URL (scheme {parts.scheme!r})"
+            )
+        self.prefix = parts.path.rstrip("/")
+        self._query = parts.query
+        self._host = parts.hostname
+        self._port = parts.port or (443 if parts.scheme == "https" else 80)
+        host = parts.netloc.rpartition("@")[2]
+        self._origin = f"{parts.scheme}://{host}"  # for messages: no credentials, no query
+        self._ssl = None
+        if parts.scheme == "https":
+            self._ssl = ssl_context or ssl.create_default_context()
+        fixed = {
+            "host": host,
+            "user-agent": "orchestratord",
+            "accept": "*/*",
+            **{k.lower(): v for k, v in (headers or {}).items()},
+        }
+        if parts.username is not None and "authorization" not in fixed:
+            user = f"{unquote(parts.username)}:{unquote(parts.password or '')}"
+            fixed["authorization"] = "Basic " + base64.b64encode(user.encode()).decode()
+        for name, value in fixed.items():
+            if any(c in name + value for c in "\r\n"):
+                raise ValueError(f"header {name!r}: line breaks are not allowed")
+        self._fixed = "".join(f"{k}: {v}\r\n" for k, v in fixed.items()).encode("latin-1")
+        self.connect_timeout_s = connect_timeout_s
+        self.read_timeout_s = read_timeout_s
+        self._slots = asyncio.Semaphore(connections)
+        self._idle: list[_Connection] = []
+        self._all: set[_Connection] = set()
+        self._closed = False
+
+    def url(self, path: str) -> str:
+        return f"{self._origin}{path}"
+
+    @asynccontextmanager
+    async def stream(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: bytes | None = None,
+        content_type: str = "application/json",
+        timeout_s: float | None = None,
+    ) -> AsyncIterator[Response]:
+        """``path`` is the whole path (``client.prefix`` + the endpoint's). The response is
+        closed, and its connection kept or dropped, when the block ends."""
+        timeout = self.read_timeout_s if timeout_s is None else timeout_s
+        url = self.url(path)
+        if self._query:
+            path += ("&" if "?" in path else "?") + self._query
+        if self._slots.locked():
+            try:
+                async with asyncio.timeout(timeout):
+                    await self._slots.acquire()
+            except TimeoutError:
+                raise TimedOut(f"{url}: no connection free in {timeout:g} s") from None
+        else:
+            await self._slots.acquire()
+        try:
+            head = b"%s %s HTTP/1.1\r\n%s" % (method.encode(), path.encode(), self._fixed)
+            if body is not None:
+                head += b"content-type: %s\r\ncontent-length: %d\r\n" % (
+                    content_type.encode("latin-1"),
+                    len(body),
+                )
+            request = head + b"\r\n" + (body or b"")
+            response = await self._send(request, url, timeout)
+            log.debug("%s %s -> %d", method, url, response.status)
+            try:
+                yield response
+            finally:
+                response.close()
+                self._release(response)
+        finally:
+            self._slots.release()
+
+    async def request(
+        self, method: str, path: str, *, body: bytes | None = None, timeout_s: float | None = None
+    ) -> tuple[int, bytes]:
+        """A whole response: its status and body."""
+        async with self.stream(method, path, body=body, timeout_s=timeout_s) as response:
+            return response.status, await response.read()
+
+    async def _send(self, request: bytes, url: str, timeout_s: float) -> Response:
+        for attempt in (1, 2):
+            conn, reused = await self._connection(url)
+            conn.begin()
+            assert conn.transport is not None
+            conn.transport.write(request)
+            try:
+                while not conn.head_done:
+                    if conn.error is not None:
+                        raise conn.error
+                    await conn.wait(timeout_s, f"{url}: no answer in {timeout_s:g} s")
+            except Broken as exc:
+                self._drop(conn)
+                if reused and not conn.received and attempt == 1:
+                    continue  # closed by the engine while it sat idle: it never saw this
+                raise Broken(f"{url}: {exc}") from None
+            except BaseException:
+                self._drop(conn)
+                raise
+            return Response(conn, url, timeout_s)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _connection(self, url: str) -> tuple[_Connection, bool]:
+        if self._closed:
+            raise ConnectFailed(f"{url}: the client is closed")
+        while self._idle:
+            conn = self._idle.pop()
+            if not conn.closed and conn.transport is not None and not conn.transport.is_closing():
+                return conn, True
+            self._drop(conn)
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(self.connect_timeout_s):
+                _, conn = await loop.create_connection(
+                    lambda: _Connection(loop),
+                    self._host,
+                    self._port,
+                    ssl=self._ssl,
+                    server_hostname=self._host if self._ssl is not None else None,
+                )
+        except TimeoutError:
+            raise TimedOut(f"{url}: no connection in {self.connect_timeout_s:g} s") from None
+        except OSError as exc:
+            raise ConnectFailed(f"cannot connect to {url}: {exc}") from exc
+        self._all.add(conn)
+        return conn, False
+
+    def _release(self, response: Response) -> None:
+        conn = response._conn
+        if response.reusable and not self._closed:
+            self._idle.append(conn)
+        else:
+            self._drop(conn)
+
+    def _drop(self, conn: _Connection) -> None:
+        conn.close()
+        self._all.discard(conn)
+
+    async def aclose(self) -> None:
+        self._closed = True
+        for conn in list(self._all):
+            self._drop(conn)
+        self._idle.clear()
