@@ -1,9 +1,11 @@
 """How JSON columns are written and read: orjson, with the standard library where it refuses.
 
 SQLAlchemy's ``JSON`` type encodes with ``json.dumps`` unless told otherwise; on a step's
-submission that was the costliest part of binding its row. orjson writes compact JSON and
-refuses what JSON cannot hold exactly (integers past 64 bits, NaN): those values go through
-``json.dumps`` as before, and ``loads`` reads back both.
+submission that was the costliest part of binding its row. orjson writes compact JSON, but it
+refuses integers past 64 bits and writes a non-finite float as ``null``: a value it refuses,
+or whose text holds a ``null`` (a ``None``, or perhaps a NaN), is written by ``json.dumps``
+as before (NaN as ``NaN``, which PostgreSQL refuses and SQLite keeps), so nothing stored
+changes meaning. ``loads`` reads back both.
 """
 
 from __future__ import annotations
@@ -18,9 +20,16 @@ _OPTIONS = orjson.OPT_NON_STR_KEYS  # {1: "a"} -> {"1": "a"}, as json.dumps writ
 
 def dumps(value: Any) -> str:
     try:
-        return orjson.dumps(value, option=_OPTIONS).decode()
-    except TypeError:  # orjson.JSONEncodeError: a huge integer, a non-finite float
-        return json.dumps(value)
+        text = orjson.dumps(value, option=_OPTIONS)
+    except TypeError:  # orjson.JSONEncodeError: an integer past 64 bits
+        return _standard(value)
+    if b"null" in text:  # None, or a NaN/Infinity orjson turned into null
+        return _standard(value)
+    return text.decode()
+
+
+def _standard(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
 def loads(text: str | bytes) -> Any:
