@@ -9,7 +9,7 @@ from fastapi import Depends, FastAPI
 from starlette.types import Receive, Scope, Send
 
 from orchestratord import __version__
-from orchestratord.api import errors, metrics_routes, openapi_doc
+from orchestratord.api import errors, hot_routes, metrics_routes, openapi_doc
 from orchestratord.api.auth import AuthMiddleware
 from orchestratord.api.body_limit import BodyLimitMiddleware
 from orchestratord.api.correlation import CorrelationIdMiddleware
@@ -69,6 +69,7 @@ def create_app(
     openapi_doc.install(app)
     for module in (flows, runs, steps, facts, pools, streams, transfer, metrics_routes):
         app.include_router(module.router)
+    hot_routes.install(app)
 
     @app.get("/healthz", tags=["health"])
     async def healthz() -> dict[str, str]:

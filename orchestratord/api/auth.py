@@ -26,18 +26,22 @@ from orchestratord.api.errors import error_response, status_of
 PRINCIPAL = "orchestratord.principal"
 
 
+def authorize(scope: Scope, guard: Any, required: keys.Scope) -> Principal | None:
+    """The request's principal (None while auth is off), allowed ``required``; the middleware
+    checked its key. ``guard`` is the orchestrator's ``auth``."""
+    principal: Principal | None = scope.get(PRINCIPAL)
+    if principal is None:
+        if guard.on and scope["path"] not in guard.open_paths:
+            raise Unauthenticated("no valid API key: send Authorization: Bearer <key>")
+        return None
+    if not principal.allows(required):
+        raise _forbidden(principal, required)
+    return principal
+
+
 def _requires(scope: keys.Scope) -> Callable[[Request], Awaitable[Principal | None]]:
     async def check(request: Request) -> Principal | None:
-        """The request's principal (None while auth is off); the middleware checked it."""
-        principal: Principal | None = request.scope.get(PRINCIPAL)
-        if principal is None:
-            guard = request.app.state.orchestrator.auth
-            if guard.on and request.scope["path"] not in guard.open_paths:
-                raise Unauthenticated("no valid API key: send Authorization: Bearer <key>")
-            return None
-        if not principal.allows(scope):
-            raise _forbidden(principal, scope)
-        return principal
+        return authorize(request.scope, request.app.state.orchestrator.auth, scope)
 
     check.scope = scope  # type: ignore[attr-defined]
     return check

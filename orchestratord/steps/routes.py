@@ -28,10 +28,16 @@ router = APIRouter(tags=["steps"])
 async def submit_step(
     run_id: str, body: StepCreate, request: Request, principal: Principal | None = WRITE
 ) -> Response:
-    # the hottest route: its answer is encoded here, not validated again through the
-    # response model (the model still documents it)
-    orch: Orchestrator = request.app.state.orchestrator
-    typed: AnyStepCreate = body
+    # the hottest route: answered by api/hot_routes.py before FastAPI's routing when the
+    # request is well formed; what it hands on (errors included) lands here
+    return await answer_submission(request.app.state.orchestrator, run_id, body, principal)
+
+
+async def answer_submission(
+    orch: Orchestrator, run_id: str, typed: AnyStepCreate, principal: Principal | None
+) -> Response:
+    """The submission's answer, encoded here, not validated again through the response model
+    (the model still documents it)."""
     if principal is not None:
         orch.rates.check_tokens(principal.key_id)
     async with orch.tx() as tx:

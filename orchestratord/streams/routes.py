@@ -23,7 +23,7 @@ SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no", "Connecti
 _EVENT_ID = re.compile(r"-?[0-9]+")  # the ids the streams write: ASCII decimal integers
 
 
-def _resume_from(
+def resume_from(
     last_event_id: str | None, after: int | None, *, raw_after: str | None = None
 ) -> int:
     """The first cursor to send: one past ``Last-Event-ID`` (or the ``after`` query). Both
@@ -86,8 +86,19 @@ async def stream_step(
     ),
     principal: Principal | None = READ,
 ) -> EventStreamResponse:
-    orch: Orchestrator = request.app.state.orchestrator
-    start = _resume_from(last_event_id, after, raw_after=request.query_params.get("after"))
+    # answered by api/hot_routes.py before FastAPI's routing when it has no query string
+    raw_after = request.query_params.get("after")
+    return await answer_step_stream(
+        request.app.state.orchestrator,
+        step_id,
+        resume_from(last_event_id, after, raw_after=raw_after),
+        principal,
+    )
+
+
+async def answer_step_stream(
+    orch: Orchestrator, step_id: str, start: int, principal: Principal | None
+) -> EventStreamResponse:
     _admit(orch, step_id)
     known = orch.hub.known_step(step_id)  # run here: the step exists, nothing to read
     if known is not None and known.cancel_on_disconnect is not None:
@@ -109,7 +120,7 @@ async def stream_run(
     principal: Principal | None = READ,
 ) -> EventStreamResponse:
     orch: Orchestrator = request.app.state.orchestrator
-    start = _resume_from(last_event_id, after, raw_after=request.query_params.get("after"))
+    start = resume_from(last_event_id, after, raw_after=request.query_params.get("after"))
     _admit(orch, None)
     async with orch.db.read() as session:
         await get_run(session, run_id=run_id)

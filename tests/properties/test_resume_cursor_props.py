@@ -22,7 +22,7 @@ from orchestratord.api.app import create_app
 from orchestratord.eventlog import RUN_END, LogEvent
 from orchestratord.runtime import Orchestrator
 from orchestratord.streams.hub import Hub
-from orchestratord.streams.routes import _resume_from
+from orchestratord.streams.routes import resume_from
 from orchestratord.streams.sse import _follow
 from tests.conftest import make_settings
 from tests.helpers import make_run, parse_sse, submit, wait_status
@@ -38,13 +38,13 @@ blank = st.text(alphabet=" \t", max_size=2)
 @settings(max_examples=200, deadline=None)
 @given(cursors, blank, blank, st.none() | cursors)
 def test_an_event_id_resumes_one_past_it(last: int, lead: str, trail: str, after: Any) -> None:
-    assert _resume_from(f"{lead}{last}{trail}", after) == last + 1  # the header wins
+    assert resume_from(f"{lead}{last}{trail}", after) == last + 1  # the header wins
 
 
 @settings(max_examples=100, deadline=None)
 @given(st.none() | blank, st.none() | cursors)
 def test_without_an_id_the_after_query_or_the_start(header: str | None, after: Any) -> None:
-    assert _resume_from(header, after) == (0 if after is None else after + 1)
+    assert resume_from(header, after) == (0 if after is None else after + 1)
 
 
 def _accepts(text: str) -> bool:
@@ -73,10 +73,10 @@ not_quite_ids = (
 @given(not_quite_ids.filter(lambda t: t.strip() != ""))
 def test_only_decimal_ids_in_range_are_taken(text: str) -> None:
     if _accepts(text):
-        assert _resume_from(text, None) == int(text.strip()) + 1
+        assert resume_from(text, None) == int(text.strip()) + 1
         return
     with pytest.raises(InvalidParams) as info:
-        _resume_from(text, None)
+        resume_from(text, None)
     assert info.value.field == HEADER
 
 
@@ -147,7 +147,7 @@ async def _resume(plan: dict[str, Any]) -> list[int]:
         frames = _follow(
             lambda: channel,
             read,
-            _resume_from(str(plan["last_id"]), None),
+            resume_from(str(plan["last_id"]), None),
             run_cursor=run,
             batch=plan["batch"],
             poll_s=3600.0,  # only commits wake it: a lost wake-up hangs, and fails below
