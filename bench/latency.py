@@ -15,7 +15,9 @@ Rows (each a ratio or a difference within this run):
   (for orchestratord: step ``POST`` -> first ``token`` frame). Added = target - direct.
 * ``ttft_loaded``: 50 concurrent streams x 200 tokens, p50/p99 TTFT, added vs direct.
 * ``steps``: 1-token steps, 16 clients each submitting and reading to ``end`` in a loop:
-  steps/s and the server's CPU per step (everything outside the one token).
+  steps/s and the server's CPU per step (everything outside the one token); beside them the
+  client's own CPU per step and the machine's busy cores (server, client and engine share
+  them: a row that keeps both cores busy is bound by the machine, not by waiting).
 * ``relay``: 20 streams x 1000 tokens: tokens per CPU-second of the relaying process.
 * ``sim_relay``: the same through ``serve --engine sim`` (no upstream HTTP at all).
 * ``idle``: 10,000 idle run streams: RSS per stream and CPU share while idle
@@ -48,7 +50,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench import idle_followers  # noqa: E402
-from bench.relay import PgDatabase, Server, free_port, git_state, server_env  # noqa: E402
+from bench.relay import (  # noqa: E402
+    PgDatabase,
+    Server,
+    free_port,
+    git_state,
+    machine_busy_s,
+    server_env,
+)
 
 # one stream: (client, index, tokens) -> (ttft seconds, tokens read)
 Stream = Callable[[httpx.AsyncClient, int, int], Awaitable[tuple[float, int]]]
@@ -175,13 +184,24 @@ async def steps(t: Target, clients_n: int, per_client: int) -> dict[str, float]:
     try:
         await asyncio.gather(*(t.stream(c, i, 1) for i, c in enumerate(clients)))  # warm
         cpu0, t0 = t.cpu(), time.perf_counter()
+        mine0, busy0 = time.process_time(), machine_busy_s()
         await asyncio.gather(*(loop(k) for k in range(clients_n)))
         wall, cpu = time.perf_counter() - t0, t.cpu() - cpu0
+        mine, busy1 = time.process_time() - mine0, machine_busy_s()
     finally:
         for c in clients:
             await c.aclose()
     total = clients_n * per_client
-    return {"steps_per_s": total / wall, "cpu_ms_per_step": cpu / total * 1000}
+    out = {
+        "steps_per_s": total / wall,
+        "cpu_ms_per_step": cpu / total * 1000,
+        # the client's own CPU (this process, its 16 clients), and how many of the machine's
+        # cores were busy meanwhile: server, client and engine share them
+        "client_cpu_ms_per_step": mine / total * 1000,
+    }
+    if busy0 is not None and busy1 is not None:
+        out["machine_busy_cores"] = (busy1 - busy0) / wall
+    return out
 
 
 async def run_rows(t: Target, a: argparse.Namespace) -> dict[str, Any]:
@@ -380,6 +400,13 @@ def report(out: dict[str, Any]) -> str:
     for name, r in out.items():
         if isinstance(r, dict) and name.endswith("sim engine"):
             lines.append(f"| {name} | | | | | {r['relay']['tokens_per_cpu_s']:,.0f} |")
+    for name, r in out.items():
+        st = r.get("steps") if isinstance(r, dict) else None
+        if st and "machine_busy_cores" in st:
+            lines.append(
+                f"\n{name}, steps row: client CPU {st['client_cpu_ms_per_step']:.2f} ms per step, "
+                f"{st['machine_busy_cores']:.2f} of the machine's cores busy"
+            )
     for name, r in out.items():
         if name.startswith("idle "):
             lines.append(

@@ -140,7 +140,6 @@ def _lock_runs_sql(style: str, n: int) -> str:
 # read the log (``streams/wakeups.py``).
 WAKE_CHANNEL = "orchestratord_log"
 _WAKE_PAYLOAD_MAX = 7900  # the server's limit is 8000 bytes
-_NOTIFY = sa.text("SELECT pg_notify(:channel, :payload)")
 
 
 def wake_payload(origin: str, events: Sequence[LogEvent]) -> str:
@@ -215,10 +214,8 @@ async def insert_events(target: Target, events: Sequence[LogEvent]) -> list[LogE
     await driver_sql(target, _INSERT_SQL[dialect.paramstyle], _rows(ordered), many=True)
     origin = None if isinstance(target, DriverTx) else target.info.get("origin")
     if origin is not None and dialect.name == "postgresql":
-        assert isinstance(target, AsyncSession)
-        await target.execute(
-            _NOTIFY, {"channel": WAKE_CHANNEL, "payload": wake_payload(origin, ordered)}
-        )
+        payload = wake_payload(origin, ordered)
+        await driver_sql(target, "SELECT pg_notify($1, $2)", (WAKE_CHANNEL, payload))
     return ordered
 
 

@@ -153,16 +153,48 @@ async def _step_stream(route: HotRoute, scope: Scope, receive: Receive, send: Se
     await response(scope, receive, send)
 
 
-HOT = (
-    ("POST", "/v1/runs/{run_id}/steps", r"/v1/runs/(?P<run_id>[^/]+)/steps", _submit),
-    ("GET", "/v1/steps/{step_id}/stream", r"/v1/steps/(?P<step_id>[^/]+)/stream", _step_stream),
+# method, path, its regex, the handler, and the parameters of the FastAPI route it answers
+# for (each handler reads these, or hands the request on: any query string goes on)
+HOT: tuple[tuple[str, str, str, Handler, frozenset[tuple[str, str]]], ...] = (
+    (
+        "POST",
+        "/v1/runs/{run_id}/steps",
+        r"/v1/runs/(?P<run_id>[^/]+)/steps",
+        _submit,
+        frozenset({("path", "run_id"), ("body", "body")}),
+    ),
+    (
+        "GET",
+        "/v1/steps/{step_id}/stream",
+        r"/v1/steps/(?P<step_id>[^/]+)/stream",
+        _step_stream,
+        frozenset({("path", "step_id"), ("header", "last-event-id"), ("query", "after")}),
+    ),
 )
 
 
+def route_params(dependant: Any, out: set[tuple[str, str]] | None = None) -> set[tuple[str, str]]:
+    """What a FastAPI route reads from a request, its dependencies' included:
+    ``{("header", "last-event-id"), ...}``."""
+    out = set() if out is None else out
+    for kind in ("path", "query", "header", "cookie", "body"):
+        out.update((kind, field.alias) for field in getattr(dependant, f"{kind}_params"))
+    for sub in dependant.dependencies:
+        route_params(sub, out)
+    return out
+
+
 def install(app: Any) -> None:
-    """Put the hot routes first; each must shadow a documented FastAPI route."""
-    documented = {(m, r.path) for r in api_routes(app.routes) for m in r.methods or ()}
-    for method, path, pattern, handler in HOT:
-        if (method, path) not in documented:
+    """Put the hot routes first. Each must shadow a documented FastAPI route that reads
+    exactly the parameters it knows: a parameter added to the route and not here would be
+    ignored on the hot path, so the app refuses to start instead."""
+    routes = {(m, r.path): r for r in api_routes(app.routes) for m in r.methods or ()}
+    for method, path, pattern, handler, params in HOT:
+        route = routes.get((method, path))
+        if route is None:
             raise RuntimeError(f"{method} {path}: no FastAPI route to hand requests on to")
+        if (found := route_params(route.dependant)) != params:
+            raise RuntimeError(
+                f"{method} {path} reads {sorted(found)}; its hot route knows {sorted(params)}"
+            )
         app.router.routes.insert(0, HotRoute(method, path, pattern, handler))

@@ -35,6 +35,7 @@ from orchestratord.db.inline_sqlite import InlineConnection
 _NO_DRIVER = "prepared.no_driver"
 _DRIVER = "prepared.driver"
 _CONNECTION = "prepared.connection"
+_ASYNCPG = "prepared.asyncpg"
 
 _T = TypeVar("_T")
 _Processor = Callable[[Any], Any] | None
@@ -44,7 +45,7 @@ class _Compiled:
     """The statement compiled for one dialect: its SQL, where each positional parameter
     comes from (a caller's key or a literal of the statement), and the converters."""
 
-    __slots__ = ("params", "results", "sql")
+    __slots__ = ("_dialect", "_types", "params", "results", "sql")
 
     def __init__(self, stmt: Executable, dialect: Dialect) -> None:
         compiled: Any = stmt.compile(dialect=dialect)  # type: ignore[attr-defined]
@@ -59,8 +60,19 @@ class _Compiled:
             # a literal of the statement (``status == 'running'``) is taken from it
             literal = not bind.required and bind.callable is None
             self.params.append((bind.key, literal, bind.value, processors.get(name)))
-        self.results: list[_Processor] = [
-            entry.type._cached_result_processor(dialect, None) for entry in compiled._result_columns
+        self._dialect = dialect
+        self._types = [entry.type for entry in compiled._result_columns]
+        # some of asyncpg's processors depend on the column's type in the result (its OID):
+        # known at the first execution (``typed``)
+        self.results: list[_Processor] | None = None
+        if dialect.driver != "asyncpg":
+            self.results = self.typed([None] * len(self._types))
+
+    def typed(self, coltypes: list[Any]) -> list[_Processor]:
+        """The result's converters, given the types its columns came back with."""
+        return [
+            t._cached_result_processor(self._dialect, c)
+            for t, c in zip(self._types, coltypes, strict=True)
         ]
 
     def bound(self, values: Mapping[str, Any]) -> tuple[Any, ...]:
@@ -71,10 +83,17 @@ class _Compiled:
         return tuple(out)
 
     def rows(self, cursor: sqlite3.Cursor) -> list[tuple[Any, ...]]:
-        fetched = cursor.fetchall()
+        return self.convert(cursor.fetchall())
+
+    def convert(self, fetched: list[Any]) -> list[tuple[Any, ...]]:
+        """Rows (tuples, or asyncpg's records) as tuples, each value converted."""
         results = self.results
-        if not fetched or not any(results):
-            return fetched
+        if not fetched or results is None or not any(results):
+            return (
+                [tuple(row) for row in fetched]
+                if fetched and type(fetched[0]) is not tuple
+                else fetched
+            )
         return [
             tuple(v if p is None or v is None else p(v) for v, p in zip(row, results, strict=True))
             for row in fetched
@@ -101,7 +120,13 @@ class Prepared:
 
     def __init__(self, stmt: Executable) -> None:
         self.stmt = stmt
-        self._compiled: _Compiled | None = None
+        self._compiled: dict[str, _Compiled] = {}  # by dialect name
+
+    def compiled(self, dialect: Dialect) -> _Compiled:
+        compiled = self._compiled.get(dialect.name)
+        if compiled is None:
+            compiled = self._compiled[dialect.name] = _Compiled(self.stmt, dialect)
+        return compiled
 
     async def rows(
         self, target: Target, params: Mapping[str, Any] | None = None
@@ -109,14 +134,24 @@ class Prepared:
         driver = await _driver_of(target)
         if isinstance(target, AsyncSession) and not target.sync_session._is_clean():
             await target.flush()  # what the session would autoflush before the statement
-        if driver is None:  # a Core statement: on the session's connection, past the ORM
-            assert isinstance(target, AsyncSession)
-            result = await (await _connection(target)).execute(self.stmt, params)
-            return [tuple(row) for row in result.all()] if result.returns_rows else []
-        compiled = self._compiled
-        if compiled is None:
-            compiled = self._compiled = _Compiled(self.stmt, dialect_of(target))
-        return run_on_driver(driver, compiled.sql, compiled.bound(params or {}), compiled.rows)
+        if driver is not None:
+            compiled = self.compiled(
+                target.dialect if isinstance(target, DriverTx) else dialect_of(target)
+            )
+            return run_on_driver(driver, compiled.sql, compiled.bound(params or {}), compiled.rows)
+        assert isinstance(target, AsyncSession)
+        conn = await _connection(target)
+        pg = await _asyncpg_of(target, conn)
+        if pg is not None:  # on asyncpg itself, in the session's transaction
+            compiled = self.compiled(conn.dialect)
+            bound = compiled.bound(params or {})
+            records, columns = await run_on_asyncpg(pg, conn, compiled.sql, bound)
+            if compiled.results is None:
+                compiled.results = compiled.typed([c.type.oid for c in columns])
+            return compiled.convert(records)
+        # a Core statement: on the session's connection, past the ORM
+        result = await conn.execute(self.stmt, params)
+        return [tuple(row) for row in result.all()] if result.returns_rows else []
 
     async def first(
         self, target: Target, params: Mapping[str, Any] | None = None
@@ -131,11 +166,16 @@ async def driver_sql(
     """SQL in the driver's own dialect (its paramstyle, no conversions), on SQLite's driver
     where it runs inline, else on the session's connection; the rows it returns."""
     driver = await _driver_of(target)
-    if driver is None:
-        assert isinstance(target, AsyncSession)
-        result = await (await _connection(target)).exec_driver_sql(sql, params)
-        return [tuple(row) for row in result.all()] if result.returns_rows else []
-    return run_on_driver(driver, sql, params, many=many)
+    if driver is not None:
+        return run_on_driver(driver, sql, params, many=many)
+    assert isinstance(target, AsyncSession)
+    conn = await _connection(target)
+    pg = await _asyncpg_of(target, conn)
+    if pg is not None:
+        records, _ = await run_on_asyncpg(pg, conn, sql, params, many=many)
+        return [tuple(r) for r in records]
+    result = await conn.exec_driver_sql(sql, params)
+    return [tuple(row) for row in result.all()] if result.returns_rows else []
 
 
 def dialect_of(target: Target) -> Dialect:
@@ -176,12 +216,83 @@ async def _connection(session: AsyncSession) -> AsyncConnection:
     return conn
 
 
+async def _asyncpg_of(session: AsyncSession, conn: AsyncConnection) -> Any | None:
+    """SQLAlchemy's asyncpg connection adapter under ``conn`` (the session's, in this
+    transaction), or ``None`` on another driver."""
+    adapted = session.info.get(_ASYNCPG)
+    if adapted is not None:
+        return adapted
+    if conn.dialect.driver != "asyncpg":
+        return None
+    fairy = conn.sync_connection.connection  # type: ignore[union-attr]
+    adapted = fairy.dbapi_connection
+    if not all(hasattr(adapted, a) for a in _ADAPTER_API):
+        return None  # another SQLAlchemy than this was written against: the Core path
+    session.info[_ASYNCPG] = adapted
+    return adapted
+
+
+# what run_on_asyncpg uses of SQLAlchemy's asyncpg adapter (sqlalchemy/dialects/postgresql/
+# asyncpg.py): the same mutex, transaction, statement cache and error translation its cursor
+# uses, so a statement run here is one the session's own would have been
+_ADAPTER_API = (
+    "_execute_mutex",
+    "_transaction",
+    "_start_transaction",
+    "_prepare",
+    "_invalidate_schema_cache_asof",
+    "_handle_exception",
+    "_connection",
+)
+
+
+async def run_on_asyncpg(
+    adapted: Any, conn: AsyncConnection, sql: str, params: Any, *, many: bool = False
+) -> tuple[list[Any], Any]:
+    """SQL in asyncpg's paramstyle on the session's asyncpg connection, inside the session's
+    transaction (begun here as SQLAlchemy's cursor would begin it): its records and its
+    columns' attributes. Errors are raised as SQLAlchemy raises them, and a connection lost
+    is invalidated."""
+    async with adapted._execute_mutex:
+        try:
+            if adapted._transaction is None:
+                await adapted._start_transaction()
+            if many:
+                await adapted._connection.executemany(sql, params)
+                return [], ()
+            prepared, columns = await adapted._prepare(sql, adapted._invalidate_schema_cache_asof)
+            return await prepared.fetch(*params), columns
+        except Exception as exc:
+            error: Exception = exc
+            dbapi_error = conn.dialect.loaded_dbapi.Error
+            if not isinstance(exc, dbapi_error):
+                try:
+                    adapted._handle_exception(exc)  # raises the DBAPI's translation
+                except dbapi_error as translated:
+                    error = translated
+            if not isinstance(error, dbapi_error):
+                raise
+            disconnect = conn.dialect.is_disconnect(error, adapted, None)
+            wrapped = DBAPIError.instance(
+                sql,
+                params,
+                error,
+                dbapi_error,
+                connection_invalidated=disconnect,
+                dialect=conn.dialect,
+            )
+        if disconnect:
+            await conn.invalidate(wrapped)
+        raise wrapped from error
+
+
 @event.listens_for(Session, "after_transaction_end")
 def _forget_connection(session: Session, transaction: SessionTransaction) -> None:
     # the next transaction of the session may run on another pooled connection
     if transaction.parent is None:
         session.info.pop(_DRIVER, None)
         session.info.pop(_CONNECTION, None)
+        session.info.pop(_ASYNCPG, None)
 
 
 def run_on_driver(

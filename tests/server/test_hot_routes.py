@@ -159,3 +159,25 @@ async def test_streams_answer_as_the_fastapi_route(
     answered = [r for r in seen.routes if r[0] == "HotRoute"]
     # the three without a query string, the missing step and the NUL answered by the hot route
     assert len(answered) == 5, seen.routes
+
+
+def test_a_parameter_the_hot_route_does_not_read_stops_the_app() -> None:
+    """A header added to the FastAPI route would be ignored on the hot path: refused."""
+    from fastapi import FastAPI, Header
+
+    from orchestratord.api import hot_routes
+
+    app = FastAPI()
+
+    @app.post("/v1/runs/{run_id}/steps")
+    async def submit(run_id: str, body: dict[str, Any], x_new: str | None = Header(None)) -> None:
+        raise AssertionError("not called")
+
+    @app.get("/v1/steps/{step_id}/stream")
+    async def stream(
+        step_id: str, last_event_id: str | None = Header(None), after: int = 0
+    ) -> None:
+        raise AssertionError("not called")
+
+    with pytest.raises(RuntimeError, match="x-new"):
+        hot_routes.install(app)

@@ -1,5 +1,5 @@
-"""Hot statements run on SQLite's driver connection itself (``db/prepared.py``): they must
-mean what the session would have made of them, on both backends."""
+"""Hot statements run on the driver itself (``db/prepared.py``: SQLite's inline connection,
+asyncpg under the session): they must mean what the session would have made of them."""
 
 from __future__ import annotations
 
@@ -133,9 +133,10 @@ async def test_a_rolled_back_transaction_takes_its_statements_with_it(db: Databa
         assert (await session.get(Run, "run_g")).status == "running"  # type: ignore[union-attr]
 
 
-async def test_sqlite_runs_them_on_the_driver_past_the_session(db: Database) -> None:
-    """On a SQLite file the statement never reaches SQLAlchemy's execution (its events do
-    not see it); on PostgreSQL it goes through the session."""
+async def test_they_run_on_the_driver_past_sqlalchemys_execution(db: Database) -> None:
+    """The statement never reaches SQLAlchemy's execution (its events do not see it): on a
+    SQLite file it runs on the inline driver, on PostgreSQL on the session's asyncpg
+    connection, through the adapter's statement cache."""
     await _seed(db, _run("run_h"))
     seen: list[str] = []
 
@@ -145,15 +146,80 @@ async def test_sqlite_runs_them_on_the_driver_past_the_session(db: Database) -> 
     event.listen(db.engine.sync_engine, "before_cursor_execute", before)
     try:
         async with db.read() as session:
-            await _RUN_BY_ID.first(session, {"id": "run_h"})
+            row = await _RUN_BY_ID.first(session, {"id": "run_h"})
             driver = await sqlite_driver(session)
+            fairy: Any = (await session.connection()).sync_connection.connection  # type: ignore[union-attr]
+            adapter: Any = fairy.dbapi_connection
     finally:
         event.remove(db.engine.sync_engine, "before_cursor_execute", before)
-    selects = [s for s in seen if "FROM runs" in s]
+    assert row is not None and row[0] == "run_h"
+    assert [s for s in seen if "FROM runs" in s] == []
     if db.is_sqlite:
-        assert driver is not None and selects == []
+        assert driver is not None
     else:
-        assert driver is None and len(selects) == 1
+        cached = list(adapter._prepared_statement_cache.keys())
+        assert any("FROM runs" in sql for sql in cached), cached
+
+
+async def test_postgresql_statements_join_the_sessions_transaction(db: Database) -> None:
+    """On asyncpg the first statement begins the session's transaction, as SQLAlchemy's own
+    would: ORM work after it is in the same transaction, and both commit or roll back."""
+    if db.is_sqlite:
+        pytest.skip("asyncpg's path")
+    await _seed(db, _run("run_o"), _run("run_p"))
+    for fail in (True, False):
+        with contextlib.suppress(RuntimeError):
+            async with db.write() as session:
+                await _SET_STATUS.rows(session, {"id": "run_o", "s": "cancelling"})
+                run = await session.get(Run, "run_p")
+                assert run is not None
+                run.status = "cancelling"
+                await session.flush()
+                # both seen inside the transaction, by the session and by the driver
+                assert await _RUNNING_BY_ID.rows(session, {"id": "run_o"}) == []
+                assert await _RUNNING_BY_ID.rows(session, {"id": "run_p"}) == []
+                if fail:
+                    raise RuntimeError("abort")
+        async with db.read() as session:
+            statuses = {
+                r.run_id: r.status for r in (await session.execute(sa.select(Run))).scalars()
+            }
+        expected = "running" if fail else "cancelling"
+        assert statuses == {"run_o": expected, "run_p": expected}
+
+
+async def test_postgresql_refusals_are_sqlalchemys_errors(db: Database) -> None:
+    if db.is_sqlite:
+        pytest.skip("asyncpg's path")
+    await _seed(db, _run("run_q"), _run("run_r"))
+    with pytest.raises(sa.exc.IntegrityError) as info:
+        async with db.write() as session:
+            await _RENAME.rows(session, {"id": "run_r", "to": "run_q"})
+    assert "duplicate key" in str(info.value)
+    async with db.read() as session:  # the connection went back to the pool usable
+        assert await _RUN_BY_ID.first(session, {"id": "run_r"}) is not None
+
+
+async def test_postgresql_connection_lost_is_invalidated(db: Database) -> None:
+    """A backend killed under a transaction: the statement raises SQLAlchemy's error marked
+    as an invalidated connection, and the pool does not hand that connection out again."""
+    if db.is_sqlite:
+        pytest.skip("asyncpg's path")
+    await _seed(db, _run("run_s"))
+    with pytest.raises(sa.exc.DBAPIError) as info:
+        async with db.write() as session:
+            await _RUN_BY_ID.first(session, {"id": "run_s"})
+            pid = (await session.execute(sa.text("SELECT pg_backend_pid()"))).scalar_one()
+            async with db.engine.connect() as other:
+                await other.execute(sa.text(f"SELECT pg_terminate_backend({int(pid)})"))
+            await _SET_STATUS.rows(session, {"id": "run_s", "s": "cancelling"})
+    assert info.value.connection_invalidated
+    for _ in range(3):  # however many connections the pool holds, each one works
+        async with db.write() as session:
+            await _SET_STATUS.rows(session, {"id": "run_s", "s": "completed"})
+    async with db.read() as session:
+        row = await _RUN_BY_ID.first(session, {"id": "run_s"})
+        assert row is not None and "completed" in row
 
 
 async def test_the_driver_is_not_kept_past_its_transaction(db: Database) -> None:

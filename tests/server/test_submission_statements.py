@@ -14,6 +14,7 @@ import httpx
 import pytest
 from sqlalchemy import event
 
+from orchestratord.db import prepared
 from orchestratord.runtime import Orchestrator
 from tests.helpers import make_run, submit, wait_status
 
@@ -46,7 +47,7 @@ class Statements:
 
 
 @pytest.fixture
-def statements(orch: Orchestrator) -> Iterator[Statements]:
+def statements(orch: Orchestrator, monkeypatch: pytest.MonkeyPatch) -> Iterator[Statements]:
     counter = Statements()
     engine = orch.db.engine.sync_engine
     if orch.db.is_sqlite:
@@ -59,6 +60,15 @@ def statements(orch: Orchestrator) -> Iterator[Statements]:
         finally:
             writer.set_trace_callback(None)
         return
+    # PostgreSQL: the hot statements run on asyncpg directly (db/prepared.py), the others
+    # through SQLAlchemy's execution
+    real = prepared.run_on_asyncpg
+
+    async def traced(adapted: Any, conn: Any, sql: str, params: Any, **kw: Any) -> Any:
+        counter.traced(sql)
+        return await real(adapted, conn, sql, params, **kw)
+
+    monkeypatch.setattr(prepared, "run_on_asyncpg", traced)
     event.listen(engine, "before_cursor_execute", counter.statement)
     event.listen(engine, "commit", counter.commit)
     try:
