@@ -62,8 +62,11 @@ class Dispatcher:
         # or a step waits for its pinned replica). On SQLite this process sees every
         # submission (each wakes it), so a freed slot of a pool whose queue the last round
         # drained needs no claim round; on PostgreSQL other processes submit too, so a freed
-        # slot always looks.
+        # slot looks when the last look is ``poll_s`` old (a busy process is woken too often
+        # to reach its quiet poll; looking at every freed slot cost an empty claim
+        # transaction, three round trips, per step).
         self._backlog: dict[str, bool] = {}
+        self._looked: dict[str, float] = {}  # when each pool's last claim round ran
         self.prices = prices
         self.pools = pools
         self.writer = writer
@@ -197,6 +200,7 @@ class Dispatcher:
                 if len(rows) < free or not claimed:
                     break
             self._backlog[pool.pool_id] = waiting
+            self._looked[pool.pool_id] = asyncio.get_running_loop().time()
         return started + await self._dispatch_control()
 
     # Steps started in their submission's transaction (``steps/submission.StartNow``).
@@ -253,11 +257,21 @@ class Dispatcher:
             del self.executions[execution.step_id]
         if execution.pool is not None and execution.replica is not None:
             execution.pool.release(execution.replica)
-            if not self.db.is_sqlite or self._backlog.get(execution.pool.pool_id, True):
+            if self._may_wait(execution.pool.pool_id):
                 self.wake()
         else:
             self._control_running -= 1
             self.wake(control=True)
+
+    def _may_wait(self, pool_id: str) -> bool:
+        """Whether steps may be queued for the pool: its last claim round left some, or
+        (PostgreSQL) other processes may have queued some since it ran, ``poll_s`` ago."""
+        if self._backlog.get(pool_id, True):
+            return True
+        if self.db.is_sqlite:
+            return False
+        now = asyncio.get_running_loop().time()
+        return now - self._looked.get(pool_id, float("-inf")) >= self.poll_s
 
     async def _poll_cancels(self) -> None:
         now = asyncio.get_running_loop().time()

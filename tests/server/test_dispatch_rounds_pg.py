@@ -1,0 +1,127 @@
+"""Claim rounds on PostgreSQL: other processes queue steps too, so a freed slot looks at the
+queue, but at most once per ``poll_s`` while the last look found it empty (an empty claim
+is a transaction of three round trips; a busy process would run one per step)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+import sqlalchemy as sa
+
+from orchestratord import dispatcher
+from orchestratord.api.app import create_app
+from orchestratord.db.engine import Database
+from orchestratord.runtime import Orchestrator
+from orchestratord.steps.queries import claim_queued
+from tests.conftest import TABLES, make_settings
+from tests.helpers import make_run, submit, wait_status
+
+pytestmark = pytest.mark.postgres
+
+
+@pytest.fixture
+def rounds(monkeypatch: pytest.MonkeyPatch) -> list[str | None]:
+    """The pool of every claim round the dispatchers run."""
+    seen: list[str | None] = []
+    claim = claim_queued
+
+    async def counted(session: Any, *, pool_id: str | None, **kw: Any) -> Any:
+        seen.append(pool_id)
+        return await claim(session, pool_id=pool_id, **kw)
+
+    monkeypatch.setattr(dispatcher, "claim_queued", counted)
+    return seen
+
+
+async def _truncate(url: str) -> None:
+    db = Database(url)
+    async with db.engine.begin() as conn:
+        await conn.execute(sa.text(f"TRUNCATE {', '.join(TABLES)} RESTART IDENTITY CASCADE"))
+    await db.dispose()
+
+
+@pytest.fixture
+async def service(pg_url: str) -> AsyncIterator[tuple[Orchestrator, httpx.AsyncClient]]:
+    await _truncate(pg_url)
+    orch = Orchestrator(make_settings(pg_url, dispatch={"poll_s": 60.0}, health_interval_s=3600.0))
+    await orch.start()
+    try:
+        transport = httpx.ASGITransport(app=create_app(orchestrator=orch))
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
+            yield orch, c
+    finally:
+        await orch.stop()
+        await _truncate(pg_url)
+
+
+async def test_steps_that_end_leave_no_claim_round_within_poll_s(
+    service: tuple[Orchestrator, httpx.AsyncClient], rounds: list[str | None]
+) -> None:
+    orch, c = service
+    run_id = await make_run(c)
+    step_id = (await submit(c, run_id, token="warm", max_tokens=2)).json()["step_id"]
+    await wait_status(c, step_id, "succeeded")
+    await asyncio.sleep(0.1)
+    rounds.clear()
+    for i in range(5):
+        r = await submit(c, run_id, token=f"t{i}", max_tokens=2)
+        assert r.json()["status"] == "running"  # started with its submission
+        await wait_status(c, r.json()["step_id"], "succeeded")
+    await asyncio.sleep(0.1)
+    # the warm-up's round looked less than poll_s (60 s) ago and found the queue empty
+    assert [p for p in rounds if p is not None] == []
+    # once poll_s has passed, a freed slot looks again (another process may have queued)
+    orch.dispatcher._looked["local"] -= 120.0
+    r = await submit(c, run_id, token="late", max_tokens=2)
+    await wait_status(c, r.json()["step_id"], "succeeded")
+    for _ in range(100):
+        if [p for p in rounds if p is not None]:
+            break
+        await asyncio.sleep(0.02)
+    await asyncio.sleep(0.1)
+    assert [p for p in rounds if p is not None] == ["local"]
+
+
+async def test_a_busy_process_claims_a_step_another_process_queued(pg_url: str) -> None:
+    """Process B drains (queues what it is given); A keeps running steps of its own, so its
+    dispatcher is kept awake; B's step is still claimed by A within a few polls."""
+    await _truncate(pg_url)
+    a = Orchestrator(make_settings(pg_url, dispatch={"poll_s": 0.2}, health_interval_s=3600.0))
+    b = Orchestrator(make_settings(pg_url, dispatch={"poll_s": 0.2}, health_interval_s=3600.0))
+    await a.start()
+    await b.start()
+    try:
+        ta = httpx.ASGITransport(app=create_app(orchestrator=a))
+        tb = httpx.ASGITransport(app=create_app(orchestrator=b))
+        async with (
+            httpx.AsyncClient(transport=ta, base_url="http://a") as ca,
+            httpx.AsyncClient(transport=tb, base_url="http://b") as cb,
+        ):
+            run_id = await make_run(ca)
+            b.dispatcher.pause()
+            queued = (await submit(cb, run_id, token="from-b", max_tokens=2)).json()
+            assert queued["status"] == "queued"
+            busy = True
+
+            async def keep_busy() -> None:
+                i = 0
+                while busy:
+                    r = await submit(ca, run_id, token=f"a{i}", max_tokens=2)
+                    await wait_status(ca, r.json()["step_id"], "succeeded")
+                    i += 1
+
+            task = asyncio.create_task(keep_busy())
+            try:
+                step = await wait_status(ca, queued["step_id"], "succeeded")
+            finally:
+                busy = False
+                await task
+            assert step["status"] == "succeeded"
+    finally:
+        await b.stop()
+        await a.stop()
+        await _truncate(pg_url)
