@@ -109,20 +109,24 @@ def _marks(style: str, first: int, n: int) -> list[str]:
 
 
 @functools.lru_cache(maxsize=64)
-def _take_run_seqs_sql(style: str, n: int) -> str:
-    """Take cursors for ``n`` runs at once: (run_id, count) pairs, then the n run ids.
+def _take_run_seqs_sql(style: str, n: int, notify: bool = False) -> str:
+    """Take cursors for ``n`` runs at once: (run_id, count) pairs, then the n run ids, then
+    (``notify``, PostgreSQL) the wake-up's channel and payload: sent by the same statement,
+    not a round trip of its own (once per row, which PostgreSQL delivers once: identical
+    notifications of one transaction are folded).
 
     Driver SQL: an expression built for every commit (a CASE of n branches, its parameters,
     its cache key) costs more than the statement itself."""
-    marks = _marks(style, 1, 3 * n)
+    marks = _marks(style, 1, 3 * n + (2 if notify else 0))
     # the count typed: PostgreSQL would infer a CASE of untyped parameters as text
     whens = " ".join(
         f"WHEN {marks[2 * i]} THEN CAST({marks[2 * i + 1]} AS BIGINT)" for i in range(n)
     )
-    ids = ", ".join(marks[2 * n :])
+    ids = ", ".join(marks[2 * n : 3 * n])
+    wake = f", pg_notify({marks[3 * n]}, {marks[3 * n + 1]})" if notify else ""
     return (
         f"UPDATE runs SET event_seq = event_seq + CASE run_id {whens} END "
-        f"WHERE run_id IN ({ids}) RETURNING run_id, event_seq"
+        f"WHERE run_id IN ({ids}) RETURNING run_id, event_seq{wake}"
     )
 
 
@@ -194,15 +198,21 @@ async def insert_events(target: Target, events: Sequence[LogEvent]) -> list[LogE
         per_run[ev.run_id].append(ev)
     runs = sorted(per_run)  # a fixed lock order: no deadlock between writers
     dialect = dialect_of(target)
-    if len(runs) == 1:
+    origin = None if isinstance(target, DriverTx) else target.info.get("origin")
+    notify = origin is not None and dialect.name == "postgresql"
+    if len(runs) == 1 and not notify:
         take = {"b_run_id": runs[0], "b_count": len(per_run[runs[0]])}
         tops = {runs[0]: (await _TAKE_RUN_SEQ.rows(target, take))[0][0]}
     else:  # one statement for every run in the batch, its text made once per run count
         style, n = dialect.paramstyle, len(runs)
-        if dialect.name == "postgresql":
+        if dialect.name == "postgresql" and n > 1:
             await driver_sql(target, _lock_runs_sql(style, n), tuple(runs))
         params = tuple(x for r in runs for x in (r, len(per_run[r]))) + tuple(runs)
-        tops = dict(await driver_sql(target, _take_run_seqs_sql(style, n), params))
+        if notify:
+            assert origin is not None
+            params += (WAKE_CHANNEL, wake_payload(origin, events))
+        rows = await driver_sql(target, _take_run_seqs_sql(style, n, notify), params)
+        tops = {row[0]: row[1] for row in rows}
     ordered: list[LogEvent] = []
     for run_id in runs:
         batch = _by_step(per_run[run_id])
@@ -212,10 +222,6 @@ async def insert_events(target: Target, events: Sequence[LogEvent]) -> list[LogE
         ordered.extend(batch)
     # The driver's own executemany with plain tuples: per row, no parameter processing.
     await driver_sql(target, _INSERT_SQL[dialect.paramstyle], _rows(ordered), many=True)
-    origin = None if isinstance(target, DriverTx) else target.info.get("origin")
-    if origin is not None and dialect.name == "postgresql":
-        payload = wake_payload(origin, ordered)
-        await driver_sql(target, "SELECT pg_notify($1, $2)", (WAKE_CHANNEL, payload))
     return ordered
 
 

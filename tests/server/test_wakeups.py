@@ -118,3 +118,52 @@ async def test_wakeups_come_back_after_the_connection_drops(
             assert channel.foreign > pokes
         finally:
             b.hub.unsubscribe_run(run_id)
+
+
+@pytest.mark.postgres
+async def test_one_notification_per_commit_sent_by_the_cursor_update(
+    pair: tuple[Orchestrator, Orchestrator], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The wake-up rides on the statement that takes the runs' cursors (no round trip of its
+    own); with several runs it runs once per run and PostgreSQL delivers it once."""
+    import asyncpg
+
+    from orchestratord.db import prepared
+    from orchestratord.eventlog import WAKE_CHANNEL, insert_events
+    from orchestratord.streams.wakeups import asyncpg_dsn
+
+    a, _ = pair
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=create_app(orchestrator=a)), base_url="http://a"
+    ) as client:
+        runs = sorted([await make_run(client), await make_run(client)])
+    got: list[str] = []
+    listener = await asyncpg.connect(asyncpg_dsn(a.settings.database_url))
+    await listener.add_listener(WAKE_CHANNEL, lambda *args: got.append(str(args[3])))
+    sql: list[str] = []
+    real = prepared.run_on_asyncpg
+
+    async def traced(
+        adapted: object, conn: object, text: str, params: object, **kw: object
+    ) -> object:
+        sql.append(text.split()[0])
+        return await real(adapted, conn, text, params, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(prepared, "run_on_asyncpg", traced)
+    try:
+        for batch_runs in (runs[:1], runs):
+            got.clear()
+            sql.clear()
+            events = [LogEvent(r, None, None, "fact", b"{}") for r in batch_runs]
+            async with a.db.write() as session:
+                await insert_events(session, events)
+            for _ in range(100):
+                if got:
+                    break
+                await asyncio.sleep(0.02)
+            await asyncio.sleep(0.1)  # a second one would have come by now
+            assert got == [wake_payload(a.db.origin, events)]
+            locks = ["SELECT"] if len(batch_runs) > 1 else []  # the runs' rows, in order
+            assert sql == [*locks, "UPDATE", "INSERT"], sql
+    finally:
+        await listener.close()
