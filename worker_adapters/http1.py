@@ -8,15 +8,16 @@ measured with one client reading one engine over loopback). What it does:
 * a keep-alive pool per origin: at most ``connections`` open, more requests wait for one;
   the last one put back is used first; one that the engine closed while idle is dropped,
   and a request whose reused connection closed before any answer is sent once more on a new
-  one (the engine never saw it);
+  one (the engine closed it as the request went out, most likely unread);
+* interim (1xx) responses skipped, a chunked body's trailers kept out of the headers;
 * ``http`` and ``https``; bodies by ``Content-Length``, chunked, or ending at close;
 * a connect timeout, and a read timeout on every wait for bytes;
 * back-pressure: reading pauses while more than 256 KiB are read and not taken;
 * a response closed before its end (a cancelled generation) closes its connection, so the
   engine sees the client leave and frees the slot.
 
-Not: proxies, redirects, cookies, compression, HTTP/2, ``Expect: 100-continue``. Errors are
-this module's: :class:`ConnectFailed`, :class:`TimedOut`, :class:`Broken`.
+Not: proxies, redirects, cookies, compression, HTTP/2, ``Expect: 100-continue``, ``HEAD``.
+Errors are this module's: :class:`ConnectFailed`, :class:`TimedOut`, :class:`Broken`.
 """
 
 from __future__ import annotations
@@ -76,6 +77,7 @@ class _Connection(asyncio.Protocol):
         self.status = 0
         self.headers: list[tuple[bytes, bytes]] = []
         self.head_done = False
+        self.interim = False
         self.complete = False
         self.keep_alive = False
         self.error: HttpError | None = None
@@ -112,10 +114,16 @@ class _Connection(asyncio.Protocol):
     # httptools callbacks
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self.headers.append((name.lower(), value))
+        if not self.head_done:  # after the head: a chunked body's trailer, not a header
+            self.headers.append((name.lower(), value))
 
     def on_headers_complete(self) -> None:
-        self.status = self.parser.get_status_code()
+        status = self.parser.get_status_code()
+        if 100 <= status < 200:  # an interim response (103 Early Hints...): the final follows
+            self.interim = True
+            self.headers = []
+            return
+        self.status = status
         self.head_done = True
         self.wake()
 
@@ -128,6 +136,9 @@ class _Connection(asyncio.Protocol):
         self.wake()
 
     def on_message_complete(self) -> None:
+        if self.interim:
+            self.interim = False
+            return
         self.complete = True
         self.keep_alive = self.parser.should_keep_alive()
         self.wake()
@@ -150,6 +161,8 @@ class _Connection(asyncio.Protocol):
         self.wake()
 
     def close(self) -> None:
+        if not self.complete and self.error is None:  # not the end of a body ending at close
+            self.error = Broken("the connection was closed by this client")
         self.closed = True
         if self.transport is not None:
             self.transport.close()
@@ -289,6 +302,8 @@ class Http1Client:
     ) -> AsyncIterator[Response]:
         """``path`` is the whole path (``client.prefix`` + the endpoint's). The response is
         closed, and its connection kept or dropped, when the block ends."""
+        if method == "HEAD":  # its response's length describes a body that never comes
+            raise ValueError("HEAD is not supported")
         timeout = self.read_timeout_s if timeout_s is None else timeout_s
         url = self.url(path)
         if self._query:
@@ -329,10 +344,14 @@ class Http1Client:
     async def _send(self, request: bytes, url: str, timeout_s: float) -> Response:
         for attempt in (1, 2):
             conn, reused = await self._connection(url)
-            conn.begin()
-            assert conn.transport is not None
-            conn.transport.write(request)
+            if reused:  # a new one is ready, and may already hold what the engine sent first
+                conn.begin()
             try:
+                if not conn.closed and conn.transport is not None:
+                    try:
+                        conn.transport.write(request)
+                    except (OSError, RuntimeError) as exc:  # uvloop: its handle just closed
+                        conn.fail(Broken(f"the request could not be sent ({exc})"))
                 while not conn.head_done:
                     if conn.error is not None:
                         raise conn.error
@@ -340,7 +359,10 @@ class Http1Client:
             except Broken as exc:
                 self._drop(conn)
                 if reused and not conn.received and attempt == 1:
-                    continue  # closed by the engine while it sat idle: it never saw this
+                    # the engine closed it as it sat idle, as the request went out: sent once
+                    # more on a new connection (had the engine read it and then died without
+                    # a byte, a generation runs twice; only one answer is read)
+                    continue
                 raise Broken(f"{url}: {exc}") from None
             except BaseException:
                 self._drop(conn)

@@ -73,6 +73,8 @@ class OpenAIAdapter(WorkerAdapter):
             connections=connections + 2,
         )
         self._prefix = self._client.prefix
+        # for messages: the URL without its user, password or query
+        self._shown = self._client.url(self._prefix)
         self._open: dict[str, Response] = {}
         self._caps: Capabilities | None = None
 
@@ -144,15 +146,13 @@ class OpenAIAdapter(WorkerAdapter):
         except AdapterError:
             raise
         except ConnectFailed as exc:
-            raise EngineUnavailable(f"cannot connect to {self.base_url}: {exc}") from exc
+            raise EngineUnavailable(str(exc)) from exc  # "cannot connect to <url>: <why>"
         except TimedOut as exc:
             if not done:  # after [DONE] only the end of the body was missing
-                raise EngineFailure(f"{self.base_url} timed out ({exc})", retriable=True) from exc
+                raise EngineFailure(f"timed out: {exc}", retriable=True) from exc
         except HttpError as exc:
             if not done:
-                raise EngineFailure(
-                    f"stream from {self.base_url} broke: {exc}", retriable=True
-                ) from exc
+                raise EngineFailure(f"the stream broke: {exc}", retriable=True) from exc
         finally:
             self._open.pop(request.request_id, None)
         if not done and finish is None:
@@ -189,10 +189,10 @@ class OpenAIAdapter(WorkerAdapter):
         try:
             status, raw = await self._client.request("GET", f"{self._prefix}/models", timeout_s=5)
             if status != 200:
-                raise EngineUnavailable(f"{self.base_url}/models: HTTP {status}")
+                raise EngineUnavailable(f"{self._shown}/models: HTTP {status}")
             models = orjson.loads(raw).get("data") or []
         except (HttpError, ValueError, AttributeError) as exc:
-            raise EngineUnavailable(f"{self.base_url}/models: {type(exc).__name__}") from exc
+            raise EngineUnavailable(f"{self._shown}/models: {type(exc).__name__}") from exc
         entry = next((m for m in models if m.get("id") == self.model), models[0] if models else {})
         # Remote servers do not publish file hashes: the model entry identifies the model,
         # unless the operator pins the real hash in the pools file.

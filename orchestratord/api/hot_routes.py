@@ -14,7 +14,7 @@ OpenAPI document keeps describing both.
 from __future__ import annotations
 
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import orjson
@@ -26,6 +26,7 @@ from contracts.steps import AnyStepCreate, StepCreate
 from orchestrator_core import keys
 from orchestrator_core.errors import InvalidParams
 from orchestratord.api.auth import api_routes, authorize
+from orchestratord.api.params import refuse_nul
 from orchestratord.steps.routes import answer_submission
 from orchestratord.streams.routes import answer_step_stream, resume_from
 
@@ -37,7 +38,7 @@ Handler = Callable[["HotRoute", Scope, Receive, Send], Awaitable[None]]
 class HotRoute(BaseRoute):
     def __init__(self, method: str, path: str, pattern: str, handler: Handler) -> None:
         self.method = method
-        self.path = path
+        self.path = self.path_format = path  # what a request's route is reported as
         self.name = f"hot {method} {path}"
         self.include_in_schema = False
         self._regex = re.compile(pattern)
@@ -48,7 +49,9 @@ class HotRoute(BaseRoute):
             scope["type"] != "http"
             or scope["method"] != self.method
             or PASSED in scope
-            or scope.get("root_path")  # mounted under a prefix: FastAPI's routes know how
+            # served under a prefix (``--root-path``): FastAPI's routes know how to strip it;
+            # the hot path is left out, which costs speed only
+            or scope.get("root_path")
         ):
             return Match.NONE, {}
         m = self._regex.fullmatch(scope["path"])
@@ -113,6 +116,9 @@ async def _read_body(receive: Receive) -> bytes | None:
 
 
 _STEP = TypeAdapter(StepCreate)
+# orjson reads an integer past 64 bits as a float, where FastAPI's json.loads keeps it whole
+# (and the models refuse it): a body holding 20 digits in a row goes the FastAPI way
+_LONG_NUMBER = re.compile(rb"[0-9]{20}")
 
 
 async def _submit(route: HotRoute, scope: Scope, receive: Receive, send: Send) -> None:
@@ -121,6 +127,9 @@ async def _submit(route: HotRoute, scope: Scope, receive: Receive, send: Send) -
         return
     body = await _read_body(receive)
     if body is None:
+        return
+    if _LONG_NUMBER.search(body) is not None:
+        await route.pass_on(scope, receive, send, body)
         return
     try:
         step: AnyStepCreate = _STEP.validate_python(orjson.loads(body))
@@ -153,15 +162,17 @@ async def _step_stream(route: HotRoute, scope: Scope, receive: Receive, send: Se
     await response(scope, receive, send)
 
 
-# method, path, its regex, the handler, and the parameters of the FastAPI route it answers
-# for (each handler reads these, or hands the request on: any query string goes on)
-HOT: tuple[tuple[str, str, str, Handler, frozenset[tuple[str, str]]], ...] = (
+# method, path, its regex, the handler, the parameters of the FastAPI route it answers for
+# (each handler reads these, or hands the request on: any query string goes on), and the
+# key scope that route requires
+HOT: tuple[tuple[str, str, str, Handler, frozenset[tuple[str, str]], keys.Scope], ...] = (
     (
         "POST",
         "/v1/runs/{run_id}/steps",
         r"/v1/runs/(?P<run_id>[^/]+)/steps",
         _submit,
         frozenset({("path", "run_id"), ("body", "body")}),
+        keys.Scope.WRITE,
     ),
     (
         "GET",
@@ -169,6 +180,7 @@ HOT: tuple[tuple[str, str, str, Handler, frozenset[tuple[str, str]]], ...] = (
         r"/v1/steps/(?P<step_id>[^/]+)/stream",
         _step_stream,
         frozenset({("path", "step_id"), ("header", "last-event-id"), ("query", "after")}),
+        keys.Scope.READ,
     ),
 )
 
@@ -184,12 +196,23 @@ def route_params(dependant: Any, out: set[tuple[str, str]] | None = None) -> set
     return out
 
 
+def _calls(dependant: Any) -> Iterator[Any]:
+    for sub in dependant.dependencies:
+        if sub.call is not None:
+            yield sub.call
+        yield from _calls(sub)
+
+
 def install(app: Any) -> None:
     """Put the hot routes first. Each must shadow a documented FastAPI route that reads
-    exactly the parameters it knows: a parameter added to the route and not here would be
-    ignored on the hot path, so the app refuses to start instead."""
+    exactly the parameters it knows and depends on exactly what it checks (the app's
+    ``refuse_nul``, the route's scope): anything added to the route and not here would be
+    skipped on the hot path, so the app refuses to start instead."""
+    app_deps = [d.dependency for d in app.router.dependencies]
+    if app_deps != [refuse_nul]:
+        raise RuntimeError(f"the app depends on {app_deps}; the hot routes check refuse_nul")
     routes = {(m, r.path): r for r in api_routes(app.routes) for m in r.methods or ()}
-    for method, path, pattern, handler, params in HOT:
+    for method, path, pattern, handler, params, scope in HOT:
         route = routes.get((method, path))
         if route is None:
             raise RuntimeError(f"{method} {path}: no FastAPI route to hand requests on to")
@@ -197,4 +220,9 @@ def install(app: Any) -> None:
             raise RuntimeError(
                 f"{method} {path} reads {sorted(found)}; its hot route knows {sorted(params)}"
             )
+        # the app's own dependency is in the route's where the route was added to the app
+        # itself, not where it came with an included router
+        calls = [c for c in _calls(route.dependant) if c is not refuse_nul]
+        if [getattr(c, "scope", None) for c in calls] != [scope]:
+            raise RuntimeError(f"{method} {path} depends on {calls}; its hot route checks {scope}")
         app.router.routes.insert(0, HotRoute(method, path, pattern, handler))

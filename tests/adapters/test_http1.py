@@ -9,6 +9,7 @@ import base64
 import socket
 import ssl
 import subprocess
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -368,3 +369,85 @@ def test_under_uvloop_against_uvicorn() -> None:
     got = uvloop.run(main())
     assert [status for status, _ in got] == [200, 200, 200]
     assert b"fake-model" in got[0][1]
+
+
+def test_an_answer_sent_before_the_request_is_read_is_the_response() -> None:
+    """An engine that answers at once (503 and close, at accept; a server in its own thread):
+    under uvloop the bytes can arrive before the request is written. They are the response,
+    not lost, and the closed connection is not written to."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(64)
+    port = listener.getsockname()[1]
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            conn.sendall(b"HTTP/1.1 503 Busy\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
+            conn.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+
+    async def main() -> list[int]:
+        client = Http1Client(f"http://127.0.0.1:{port}", read_timeout_s=2)
+        got = []
+        for _ in range(20):
+            got.append((await client.request("GET", "/"))[0])
+            await asyncio.sleep(0.01)
+        await client.aclose()
+        return got
+
+    try:
+        assert uvloop.run(main()) == [503] * 20
+    finally:
+        listener.close()
+
+
+async def test_interim_responses_are_skipped_and_trailers_are_not_headers() -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 103 Early Hints\r\nlink: </a>\r\n\r\n")
+        await writer.drain()
+        await asyncio.sleep(0.05)
+        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nfirst\r\n")
+        writer.write(b"0\r\nx-trailer: t\r\n\r\n")
+        await writer.drain()
+        await read_request(reader)
+        writer.write(answer(b"second"))
+        await writer.drain()
+
+    async with raw_server(handler) as (addr, accepted):
+        client = Http1Client(f"http://{addr}")
+        async with client.stream("GET", "/a") as response:
+            assert response.status == 200
+            assert await response.read() == b"first"
+            assert response.header("link") is None and response.header("x-trailer") is None
+        assert await client.request("GET", "/b") == (200, b"second")
+        await client.aclose()
+    assert accepted == [0]
+
+
+async def test_a_body_ending_at_close_cut_by_this_client_is_broken_not_complete() -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nconnection: close\r\n\r\npart")
+        await writer.drain()
+        await asyncio.sleep(5)
+
+    async with raw_server(handler) as (addr, _):
+        client = Http1Client(f"http://{addr}")
+        async with client.stream("GET", "/") as response:
+            chunks = response.chunks()
+            assert await chunks.__anext__() == b"part"
+            await client.aclose()
+            with pytest.raises(Broken, match="closed by this client"):
+                await chunks.__anext__()
+
+
+async def test_head_is_refused() -> None:
+    client = Http1Client("http://127.0.0.1:1")
+    with pytest.raises(ValueError, match="HEAD"):
+        await client.request("HEAD", "/")

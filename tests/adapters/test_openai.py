@@ -209,3 +209,18 @@ async def test_a_body_left_open_after_done_ends_the_generation_at_the_read_timeo
     assert [type(e) for e in events] == [Token, Token, Token, Finish]
     finish = events[-1]
     assert isinstance(finish, Finish) and finish.tokens_out == 3
+
+
+async def test_errors_name_the_engine_without_its_credentials() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    adapter = OpenAIAdapter(base_url=f"http://u:pw-secret@127.0.0.1:{port}/v1?key=qs-secret")
+    with pytest.raises(EngineUnavailable) as info:
+        await collect(adapter, req())
+    assert f"127.0.0.1:{port}/v1/completions" in info.value.message
+    with pytest.raises(EngineUnavailable) as caps:
+        await adapter.capabilities()
+    for message in (info.value.message, caps.value.message):
+        assert "pw-secret" not in message and "qs-secret" not in message
+    await adapter.aclose()

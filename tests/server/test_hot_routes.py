@@ -97,6 +97,12 @@ async def test_a_valid_submission_is_answered_by_the_hot_route(
         ("/v1/runs/{run}/steps", b'{"type": "nope"}', {"content-type": "application/json"}),
         ("/v1/runs/{run}/steps", b"[1, 2]", {"content-type": "application/json"}),
         ("/v1/runs/{run}/steps", b'{"x": NaN}', {"content-type": "application/json"}),
+        (
+            "/v1/runs/{run}/steps",
+            b'{"type": "checkpoint", "client_token": "big", '
+            b'"input": {"state": {"n": 18446744073709551616}}}',
+            {"content-type": "application/json"},
+        ),
         ("/v1/runs/{run}/steps", None, {"content-type": "text/plain"}),
         ("/v1/runs/{run}/steps?x=1", None, {"content-type": "application/json"}),
         ("/v1/runs/run_missing/steps", None, {"content-type": "application/json"}),
@@ -108,6 +114,7 @@ async def test_a_valid_submission_is_answered_by_the_hot_route(
         "unknown-type",
         "not-object",
         "nan",
+        "integer-past-64-bits",
         "text-plain",
         "query",
         "unknown-run",
@@ -161,23 +168,58 @@ async def test_streams_answer_as_the_fastapi_route(
     assert len(answered) == 5, seen.routes
 
 
-def test_a_parameter_the_hot_route_does_not_read_stops_the_app() -> None:
-    """A header added to the FastAPI route would be ignored on the hot path: refused."""
-    from fastapi import FastAPI, Header
+def _app(extra_header: bool = False, extra_dependency: bool = False) -> Any:
+    """An app with the two documented routes as the hot routes expect them, or not."""
+    from fastapi import Depends, FastAPI, Header
 
-    from orchestratord.api import hot_routes
+    from orchestrator_core.keys import Principal
+    from orchestratord.api.auth import READ, WRITE
+    from orchestratord.api.params import refuse_nul
 
-    app = FastAPI()
+    async def audit() -> None:
+        return None
 
-    @app.post("/v1/runs/{run_id}/steps")
-    async def submit(run_id: str, body: dict[str, Any], x_new: str | None = Header(None)) -> None:
-        raise AssertionError("not called")
+    app = FastAPI(dependencies=[Depends(refuse_nul)])
+    route_deps = [Depends(audit)] if extra_dependency else []
+
+    if extra_header:
+
+        @app.post("/v1/runs/{run_id}/steps")
+        async def submit_new(
+            run_id: str,
+            body: dict[str, Any],
+            x_new: str | None = Header(None),
+            principal: Principal | None = WRITE,
+        ) -> None:
+            raise AssertionError("not called")
+
+    else:
+
+        @app.post("/v1/runs/{run_id}/steps", dependencies=route_deps)
+        async def submit(
+            run_id: str, body: dict[str, Any], principal: Principal | None = WRITE
+        ) -> None:
+            raise AssertionError("not called")
 
     @app.get("/v1/steps/{step_id}/stream")
     async def stream(
-        step_id: str, last_event_id: str | None = Header(None), after: int = 0
+        step_id: str,
+        last_event_id: str | None = Header(None),
+        after: int = 0,
+        principal: Principal | None = READ,
     ) -> None:
         raise AssertionError("not called")
 
+    return app
+
+
+def test_a_route_the_hot_route_would_answer_differently_stops_the_app() -> None:
+    """A header or a dependency added to the FastAPI route would be skipped on the hot path:
+    the app refuses to start; as the hot routes expect them, it starts."""
+    from orchestratord.api import hot_routes
+
+    hot_routes.install(_app())
     with pytest.raises(RuntimeError, match="x-new"):
-        hot_routes.install(app)
+        hot_routes.install(_app(extra_header=True))
+    with pytest.raises(RuntimeError, match="audit"):
+        hot_routes.install(_app(extra_dependency=True))
