@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -36,6 +37,16 @@ class App(FastAPI):
         await super().__call__(scope, receive, send)
 
 
+def freeze_startup_heap() -> None:
+    """Keep what startup built (modules, models, compiled statements: most of the heap) out of
+    the collector's full passes: measured, a full collection of a serving process took 80 ms,
+    all of it added to whichever request was being served (idle TTFT p99 +80 ms on
+    PostgreSQL, one probe in a hundred); what is frozen is never freed, and startup's garbage
+    is collected first."""
+    gc.collect()
+    gc.freeze()
+
+
 def create_app(
     settings: Settings | None = None, *, orchestrator: Orchestrator | None = None
 ) -> FastAPI:
@@ -50,6 +61,7 @@ def create_app(
         orch = Orchestrator(settings or Settings())
         await orch.start()
         app.state.orchestrator = orch
+        freeze_startup_heap()
         try:
             yield
         finally:
