@@ -21,6 +21,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from orchestrator_core import keys
 from orchestrator_core.errors import Forbidden, OrchestratorError, Unauthenticated
 from orchestrator_core.keys import Principal
+from orchestratord.api.asgi import header
 from orchestratord.api.errors import error_response, status_of
 
 PRINCIPAL = "orchestratord.principal"
@@ -112,13 +113,11 @@ class AuthMiddleware:
         if not await guard.enabled() or scope["path"] in guard.open_paths:
             await self.app(scope, receive, send)
             return
-        header = None
-        for name, value in scope["headers"]:
-            if name == b"authorization":
-                header = value.decode("latin-1")
-                break
+        raw = header(scope, b"authorization")
         try:
-            principal = await guard.principal(keys.bearer(header))
+            principal = await guard.principal(
+                keys.bearer(None if raw is None else raw.decode("latin-1"))
+            )
             required = self._required(scope)
             if not principal.allows(required):
                 raise _forbidden(principal, required)

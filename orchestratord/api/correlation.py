@@ -10,6 +10,8 @@ import uuid
 import orjson
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from orchestratord.api.asgi import header
+
 HEADER = "x-correlation-id"
 correlation_id: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "correlation_id", default=None
@@ -27,14 +29,9 @@ class CorrelationIdMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        cid = None
-        for name, value in scope["headers"]:
-            if name == b"x-correlation-id":
-                candidate = value.decode("latin-1")
-                if _VALID.match(candidate):
-                    cid = candidate
-                break
-        cid = cid or str(uuid.uuid4())
+        given = header(scope, b"x-correlation-id")
+        candidate = None if given is None else given.decode("latin-1")
+        cid = candidate if candidate is not None and _VALID.match(candidate) else str(uuid.uuid4())
         token = correlation_id.set(cid)
         raw = cid.encode()
 

@@ -20,11 +20,12 @@ from typing import Any
 import orjson
 from pydantic import TypeAdapter, ValidationError
 from starlette.routing import BaseRoute, Match, NoMatchFound
-from starlette.types import Message, Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
 
 from contracts.steps import AnyStepCreate, StepCreate
 from orchestrator_core import keys
 from orchestrator_core.errors import InvalidParams
+from orchestratord.api.asgi import header, replay
 from orchestratord.api.auth import api_routes, authorize
 from orchestratord.api.params import refuse_nul
 from orchestratord.steps.routes import answer_submission
@@ -72,21 +73,8 @@ class HotRoute(BaseRoute):
         ``body``, when this route read it, is what the route will read."""
         scope[PASSED] = True
         if body is not None:
-            receive = _replay(body, receive)
+            receive = replay(body, receive)
         await scope["router"](scope, receive, send)
-
-
-def _replay(body: bytes, receive: Receive) -> Receive:
-    sent = False
-
-    async def replay() -> Message:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await receive()
-
-    return replay
 
 
 def _no_nul(scope: Scope) -> None:
@@ -96,11 +84,8 @@ def _no_nul(scope: Scope) -> None:
 
 
 def _json_content(scope: Scope) -> bool:
-    for name, value in scope["headers"]:
-        if name == b"content-type":
-            media: bytes = value.split(b";", 1)[0].strip().lower()
-            return media == b"application/json"
-    return False
+    value = header(scope, b"content-type")
+    return value is not None and value.split(b";", 1)[0].strip().lower() == b"application/json"
 
 
 async def _read_body(receive: Receive) -> bytes | None:
@@ -148,11 +133,8 @@ async def _step_stream(route: HotRoute, scope: Scope, receive: Receive, send: Se
     if scope["query_string"]:
         await route.pass_on(scope, receive, send)
         return
-    last_event_id = None
-    for name, value in scope["headers"]:
-        if name == b"last-event-id":
-            last_event_id = value.decode("latin-1")
-            break
+    raw = header(scope, b"last-event-id")
+    last_event_id = None if raw is None else raw.decode("latin-1")
     _no_nul(scope)
     orch = scope["app"].state.orchestrator
     principal = authorize(scope, orch.auth, keys.Scope.READ)

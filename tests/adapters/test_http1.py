@@ -61,6 +61,23 @@ def answer(body: bytes, *extra: bytes) -> bytes:
     return head + b"".join(h + b"\r\n" for h in extra) + b"\r\n" + body
 
 
+def answer_each(seen: list[bytes], *, delay_s: float = 0.0) -> Handler:
+    """A handler answering "ok" to every request of its connection (after ``delay_s``),
+    keeping each request in ``seen``, until the client leaves."""
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
+        while True:
+            try:
+                seen.append(await read_request(reader))
+            except asyncio.IncompleteReadError:
+                return
+            await asyncio.sleep(delay_s)
+            writer.write(answer(b"ok"))
+            await writer.drain()
+
+    return handler
+
+
 async def test_body_by_length_and_the_request_as_sent() -> None:
     seen: list[bytes] = []
 
@@ -88,16 +105,7 @@ async def test_body_by_length_and_the_request_as_sent() -> None:
 async def test_credentials_and_query_of_the_base_url() -> None:
     seen: list[bytes] = []
 
-    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
-        while True:
-            try:
-                seen.append(await read_request(reader))
-            except asyncio.IncompleteReadError:
-                return
-            writer.write(answer(b"ok"))
-            await writer.drain()
-
-    async with raw_server(handler) as (addr, _):
+    async with raw_server(answer_each(seen)) as (addr, _):
         client = Http1Client(f"http://al%40ice:s3cret@{addr}/v1?api-version=2&region=eu")
         assert client.prefix == "/v1"
         with pytest.raises(ConnectFailed) as refused:  # messages name no credential
@@ -298,17 +306,7 @@ async def test_reading_pauses_while_unread_bytes_pile_up() -> None:
 
 
 async def test_requests_past_the_pool_wait_for_a_connection() -> None:
-    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
-        while True:
-            try:
-                await read_request(reader)
-            except asyncio.IncompleteReadError:
-                return
-            await asyncio.sleep(0.05)
-            writer.write(answer(b"ok"))
-            await writer.drain()
-
-    async with raw_server(handler) as (addr, accepted):
+    async with raw_server(answer_each([], delay_s=0.05)) as (addr, accepted):
         client = Http1Client(f"http://{addr}", connections=1)
         got = await asyncio.gather(*(client.request("GET", "/") for _ in range(4)))
         assert got == [(200, b"ok")] * 4

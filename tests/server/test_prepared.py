@@ -57,6 +57,11 @@ def _run(run_id: str, **overrides: Any) -> Run:
     return Run(**fields)
 
 
+async def _statuses(db: Database) -> dict[str, str]:
+    async with db.read() as session:
+        return {r.run_id: r.status for r in (await session.execute(sa.select(Run))).scalars()}
+
+
 async def _seed(db: Database, *runs: Run) -> None:
     async with db.write() as session:
         session.add(
@@ -180,10 +185,7 @@ async def test_postgresql_statements_join_the_sessions_transaction(db: Database)
                 assert await _RUNNING_BY_ID.rows(session, {"id": "run_p"}) == []
                 if fail:
                     raise RuntimeError("abort")
-        async with db.read() as session:
-            statuses = {
-                r.run_id: r.status for r in (await session.execute(sa.select(Run))).scalars()
-            }
+        statuses = await _statuses(db)
         expected = "running" if fail else "cancelling"
         assert statuses == {"run_o": expected, "run_p": expected}
 
@@ -276,10 +278,7 @@ async def test_a_session_joins_the_driver_transaction_and_both_commit_or_roll_ba
                 assert await _RUNNING_BY_ID.rows(tx.target, {"id": "run_l"}) == []
                 if fail:
                     raise RuntimeError("abort")
-        async with db.read() as session:
-            statuses = {
-                r.run_id: r.status for r in (await session.execute(sa.select(Run))).scalars()
-            }
+        statuses = await _statuses(db)
         expected = "running" if fail else "cancelling"
         assert statuses == {"run_k": expected, "run_l": expected}
 
