@@ -23,12 +23,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import math
 import secrets
 import time
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import grpc  # type: ignore[import-untyped]
 
@@ -37,6 +39,8 @@ from worker_adapters.base import GenerationRequest, Token
 from worker_adapters.llama import default_model_path, engine_seed
 from worker_adapters.sessions import SimTokenizer
 from worker_adapters.sim import VOCAB, SimAdapter
+
+_R = TypeVar("_R")
 
 Logprobs = tuple[float | None, list[tuple[int, float]]]  # (logprob of the token, top-k)
 
@@ -125,7 +129,12 @@ class _SimRun:
 
 
 class LlamaTokenEngine:
-    """The local GGUF model on token ids; one generation at a time, on its own thread."""
+    """The local GGUF model on token ids; one generation at a time, on its own thread.
+
+    Every call into the model goes to one thread, in order: a caller cancelled while a call
+    runs there (a client gone mid-token) releases the slot at once, and the next
+    generation's calls wait behind the one still running instead of entering the model
+    beside it (two threads in llama.cpp's context crash the process)."""
 
     name = "llama"
 
@@ -146,12 +155,13 @@ class LlamaTokenEngine:
         layers = int(meta.get("gemma3.block_count", 1))
         self.kv_bytes_per_token = 2 * 2 * layers * int(meta.get("gemma3.embedding_length", 1))
         self._slot = asyncio.Lock()
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="llama")
 
     @contextlib.asynccontextmanager
     async def run(self, tokens: list[int], sampling: Sampling) -> AsyncIterator[EngineRun]:
         async with self._slot:
-            run = _LlamaRun(self._llm, list(tokens), sampling)
-            await asyncio.to_thread(run.prefill)
+            run = _LlamaRun(self._llm, list(tokens), sampling, self._thread)
+            await run.on_thread(run.prefill)
             yield run
 
 
@@ -160,6 +170,10 @@ class _LlamaRun:
     llm: Any
     tokens: list[int]
     sampling: Sampling
+    thread: ThreadPoolExecutor
+
+    async def on_thread(self, call: Callable[[], _R]) -> _R:
+        return await asyncio.get_running_loop().run_in_executor(self.thread, call)
 
     def prefill(self) -> None:
         self.llm.reset()
@@ -177,7 +191,7 @@ class _LlamaRun:
         for _ in range(limit):
             if len(self.tokens) >= self.llm.n_ctx():
                 return
-            token = await asyncio.to_thread(self._step, previous)
+            token = await self.on_thread(functools.partial(self._step, previous))
             self.tokens.append(token)
             previous = token
             yield token
