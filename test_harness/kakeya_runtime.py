@@ -36,7 +36,7 @@ import grpc  # type: ignore[import-untyped]
 
 from contracts.protos import load
 from worker_adapters.base import GenerationRequest, Token
-from worker_adapters.llama import default_model_path, engine_seed
+from worker_adapters.llama import default_model_path, engine_seed, open_model
 from worker_adapters.sessions import SimTokenizer
 from worker_adapters.sim import VOCAB, SimAdapter
 
@@ -142,9 +142,7 @@ class LlamaTokenEngine:
         import llama_cpp
 
         path = model_path or str(default_model_path())
-        self._llm: Any = llama_cpp.Llama(
-            model_path=path, n_ctx=context_size, logits_all=True, verbose=False
-        )
+        self._llm: Any = open_model(path, n_ctx=context_size, logits_all=True, verbose=False)
         vocab = self._llm._model.vocab
         self.vocab_size = int(self._llm.n_vocab())
         self.eos_token_ids = tuple(

@@ -7,6 +7,12 @@ and health checks while the model decodes. A replica has one slot: the model sta
 and re-seeded before every request, which makes equal (prompt, params, seed) give equal
 tokens, also across restarts.
 
+Weights stay in llama.cpp's plain CPU layout (``open_model``): its "extra buffer types"
+repack them for the CPU at hand (AMX tiles, AVX repacks), and on CPUs with AMX the Q4_K
+matrix products in that layout crash the process (llama.cpp issue 20824, seen on this
+project's machines at the first token); the plain layout also computes the same way on
+every x86 machine, which replays across machines want.
+
 Chat ``messages`` go through the file's chat template when it has one. Without one (the
 default Gemma 3 270M is a base model and has none) they become a plain-text transcript
 (``worker_adapters/transcript.py``) whose reply ends, with ``stop_reason`` ``eos``, where the
@@ -19,6 +25,7 @@ import asyncio
 import codecs
 import contextlib
 import hashlib
+import importlib
 import json
 import threading
 from collections.abc import AsyncIterator, Callable
@@ -52,6 +59,32 @@ _FILE_TYPES = {
     18: "Q6_K",
     32: "BF16",
 }
+
+
+_OPENING = threading.Lock()
+
+
+def open_model(path: Path | str, **kwargs: Any) -> Any:
+    """``llama_cpp.Llama(model_path=path, **kwargs)`` with llama.cpp's extra buffer types off
+    (see the module's docstring). ``Llama`` takes its model parameters from
+    ``llama_model_default_params()`` and has no argument for this one: the defaults are
+    wrapped while this model opens."""
+    import llama_cpp
+
+    module: Any = importlib.import_module("llama_cpp.llama_cpp")  # what ``Llama`` calls
+    with _OPENING:
+        defaults = module.llama_model_default_params
+
+        def plain_layout() -> Any:
+            params = defaults()
+            params.use_extra_bufts = False
+            return params
+
+        module.llama_model_default_params = plain_layout
+        try:
+            return llama_cpp.Llama(model_path=str(path), **kwargs)
+        finally:
+            module.llama_model_default_params = defaults
 
 
 def default_model_path() -> Path:
@@ -129,12 +162,7 @@ class LlamaAdapter(WorkerAdapter):
         path = self._model_path or default_model_path()
         if not path.is_file():
             raise EngineUnavailable(f"model file not found: {path}")
-        llm = llama_cpp.Llama(
-            model_path=str(path),
-            n_ctx=self._n_ctx,
-            n_threads=self._n_threads,
-            verbose=False,
-        )
+        llm = open_model(path, n_ctx=self._n_ctx, n_threads=self._n_threads, verbose=False)
         meta = llm.metadata
         template = meta.get("tokenizer.chat_template")
         if template:  # the template writes the BOS token itself

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import importlib
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -208,3 +210,21 @@ def test_same_seed_same_tokens_across_restart(tmp_path: Path, gguf: Path) -> Non
     prov = first["provenance"]
     assert isinstance(prov, dict)
     assert prov["model_hash"] == "sha256:" + hashlib.sha256(gguf.read_bytes()).hexdigest()
+
+
+def test_the_model_opens_in_the_plain_cpu_layout(gguf: Path) -> None:
+    """llama.cpp's extra buffer types are off (their AMX layout crashes the process at the
+    first token on CPUs with AMX), for this model only: the library's defaults are back."""
+    from worker_adapters.llama import open_model
+
+    library: Any = importlib.import_module("llama_cpp.llama_cpp")
+    defaults = library.llama_model_default_params
+    llm = open_model(gguf, n_ctx=64, verbose=False)
+    try:
+        assert llm.model_params.use_extra_bufts is False
+        assert library.llama_model_default_params is defaults
+        assert library.llama_model_default_params().use_extra_bufts is True
+        assert len(llm.tokenize(b"Once upon a time")) > 1
+        llm.eval(llm.tokenize(b"Once upon a time"))  # the first product: where AMX crashed
+    finally:
+        llm.close()
