@@ -28,7 +28,7 @@ import hashlib
 import importlib
 import json
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -64,13 +64,12 @@ _FILE_TYPES = {
 _OPENING = threading.Lock()
 
 
-def open_model(path: Path | str, **kwargs: Any) -> Any:
-    """``llama_cpp.Llama(model_path=path, **kwargs)`` with llama.cpp's extra buffer types off
+@contextlib.contextmanager
+def plain_cpu_layout() -> Iterator[None]:
+    """While inside, ``llama_cpp.Llama`` opens models with llama.cpp's extra buffer types off
     (see the module's docstring). ``Llama`` takes its model parameters from
     ``llama_model_default_params()`` and has no argument for this one: the defaults are
-    wrapped while this model opens."""
-    import llama_cpp
-
+    wrapped meanwhile (one opening at a time)."""
     module: Any = importlib.import_module("llama_cpp.llama_cpp")  # what ``Llama`` calls
     with _OPENING:
         defaults = module.llama_model_default_params
@@ -82,9 +81,17 @@ def open_model(path: Path | str, **kwargs: Any) -> Any:
 
         module.llama_model_default_params = plain_layout
         try:
-            return llama_cpp.Llama(model_path=str(path), **kwargs)
+            yield
         finally:
             module.llama_model_default_params = defaults
+
+
+def open_model(path: Path | str, **kwargs: Any) -> Any:
+    """``llama_cpp.Llama(model_path=path, **kwargs)`` in the plain CPU layout."""
+    import llama_cpp
+
+    with plain_cpu_layout():
+        return llama_cpp.Llama(model_path=str(path), **kwargs)
 
 
 def default_model_path() -> Path:

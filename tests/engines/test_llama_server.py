@@ -1,4 +1,5 @@
-"""orchestratord's OpenAI adapter against a real engine: llama-cpp-python's own server."""
+"""orchestratord's OpenAI adapter against a real engine: llama-cpp-python's own server
+(``test_harness/llama_server.py``: the library's server, its model in the plain CPU layout)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ def test_text_through_orchestratord_equals_the_engine(tmp_path: Path, gguf: Path
     cmd = [
         sys.executable,
         "-m",
-        "llama_cpp.server",
+        "test_harness.llama_server",
         "--model",
         str(gguf),
         "--port",
