@@ -32,7 +32,7 @@ from contracts.events import EventBase, NarrationEvent
 from orchestrator_core.event_order import TERMINAL_TYPES, EventOrder, EventType
 from orchestratord.db.engine import Database
 from orchestratord.db.models import Event, Run
-from orchestratord.db.prepared import DriverTx, Prepared, Target, dialect_of, driver_sql
+from orchestratord.db.prepared import Prepared, Target, dialect_of, driver_sql, origin_of
 
 log = logging.getLogger(__name__)
 
@@ -190,7 +190,7 @@ def _rows(events: list[LogEvent]) -> list[tuple[Any, ...]]:
 
 
 async def insert_events(target: Target, events: Sequence[LogEvent]) -> list[LogEvent]:
-    """Append ``events`` in this transaction (a session's, or SQLite's driver's alone),
+    """Append ``events`` in this transaction (a session's, or a driver's alone),
     assigning their run cursors; returns them in run-cursor order (each run's grouped by
     step), the order to publish them in."""
     per_run: dict[str, list[LogEvent]] = defaultdict(list)
@@ -198,7 +198,7 @@ async def insert_events(target: Target, events: Sequence[LogEvent]) -> list[LogE
         per_run[ev.run_id].append(ev)
     runs = sorted(per_run)  # a fixed lock order: no deadlock between writers
     dialect = dialect_of(target)
-    origin = None if isinstance(target, DriverTx) else target.info.get("origin")
+    origin = origin_of(target)
     notify = origin is not None and dialect.name == "postgresql"
     if len(runs) == 1 and not notify:
         take = {"b_run_id": runs[0], "b_count": len(per_run[runs[0]])}

@@ -7,14 +7,15 @@ from collections.abc import Callable
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from orchestratord.db.engine import WriteTx
-from orchestratord.db.prepared import Target
+from orchestratord.db.prepared import Target, dialect_of
 from orchestratord.eventlog import LogEvent, insert_events
 
 
 class Tx:
-    """A write transaction: a session's, or (SQLite in a file) one begun on the driver that a
-    session joins when code first asks for ``session``; prepared statements run on
-    ``target``, so a transaction made of them alone opens no session."""
+    """A write transaction: a session's, or one begun on the driver (SQLite in a file,
+    PostgreSQL on asyncpg) that a session joins when code first asks for ``session``;
+    prepared statements run on ``target``, so a transaction made of them alone opens no
+    session."""
 
     def __init__(self, on: AsyncSession | WriteTx) -> None:
         self._on = on
@@ -36,8 +37,7 @@ class Tx:
 
     @property
     def sqlite(self) -> bool:
-        on = self._on
-        return not isinstance(on, AsyncSession) or on.get_bind().dialect.name == "sqlite"
+        return dialect_of(self.target).name == "sqlite"
 
     async def append_events(self, events: list[LogEvent]) -> None:
         """Write events now; they are published to followers after commit."""

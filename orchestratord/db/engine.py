@@ -9,6 +9,12 @@ The dispatcher is not urgent: claiming after the queued submissions claims them 
 transaction, where claiming between them took one transaction per step (measured: half the
 steps per second). PostgreSQL uses its default READ COMMITTED and
 row locks.
+
+Transactions of the hot paths (``write_tx``) start with no session: on SQLite in a file,
+begun on the process's one writer connection; on PostgreSQL, begun on asyncpg under a
+connection the process keeps checked out between transactions (measured: a one-statement
+transaction through a session cost 0.43 ms of CPU here, 0.13 ms on asyncpg). A session
+joins the same transaction only when code asks for one.
 """
 
 from __future__ import annotations
@@ -17,13 +23,14 @@ import asyncio
 import sqlite3
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
 from sqlalchemy import event
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import (
+    AsyncConnection,
     AsyncEngine,
     AsyncSession,
     async_sessionmaker,
@@ -33,7 +40,7 @@ from sqlalchemy.pool import StaticPool
 
 from orchestratord.db import json_codec
 from orchestratord.db.inline_sqlite import InlineConnection, inline_creator, open_sqlite
-from orchestratord.db.prepared import DriverTx
+from orchestratord.db.prepared import DriverTx, PgTx, Target, asyncpg_adapter, end_on_asyncpg
 
 SQLITE_BUSY_TIMEOUT_MS = 5_000
 SQLITE_PRAGMAS = (
@@ -101,10 +108,10 @@ class WriteLock:
 
 
 class WriteTx:
-    """A write transaction begun on SQLite's driver (``Database.write_tx``); the session
-    that joins it is made when first asked for."""
+    """A write transaction begun with no session (``Database.write_tx``); the session that
+    joins it is made when first asked for."""
 
-    def __init__(self, driver: DriverTx, make: async_sessionmaker[AsyncSession]) -> None:
+    def __init__(self, driver: DriverTx | PgTx, make: Callable[[], AsyncSession]) -> None:
         self.driver = driver
         self._make = make
         self.joined: AsyncSession | None = None
@@ -116,7 +123,7 @@ class WriteTx:
         return self.joined
 
     @property
-    def target(self) -> AsyncSession | DriverTx:
+    def target(self) -> Target:
         return self.joined if self.joined is not None else self.driver
 
 
@@ -171,6 +178,10 @@ class Database:
             expire_on_commit=False,
         )
         self._write_lock = WriteLock()
+        # PostgreSQL on asyncpg: connections held between session-less write transactions
+        self._pg_driver = self.dialect == "postgresql"
+        self._held: list[AsyncConnection] = []
+        self._held_max = max(1, pool_size // 2)
         # names this process's writes (PostgreSQL wake-ups skip what the process wrote itself)
         self.origin = uuid.uuid4().hex[:16]
 
@@ -199,27 +210,39 @@ class Database:
 
     @property
     def on_driver(self) -> bool:
-        """SQLite in a file: its driver runs inline, so a transaction of prepared statements
-        only (``driver_write``) needs no session."""
-        return self._driver_file is not None
+        """Transactions of prepared statements alone need no session: SQLite in a file (its
+        driver runs inline) and PostgreSQL on asyncpg."""
+        return self._driver_file is not None or self._pg_driver
 
     @asynccontextmanager
-    async def driver_write(self, *, urgent: bool = False) -> AsyncIterator[DriverTx]:
-        """A write transaction of prepared statements alone on this process's SQLite writer
-        connection (no session), under the same write lock as ``write``; commits on
-        success."""
+    async def driver_write(self, *, urgent: bool = False) -> AsyncIterator[Target]:
+        """A write transaction for prepared statements alone: on the driver with no session
+        where ``on_driver``, else a session's; commits on success."""
         async with self.write_tx(urgent=urgent) as on:
-            assert isinstance(on, WriteTx), "only SQLite in a file writes on the driver"
-            yield on.driver
+            yield on.target if isinstance(on, WriteTx) else on
 
     @asynccontextmanager
     async def write_tx(self, *, urgent: bool = False) -> AsyncIterator[AsyncSession | WriteTx]:
-        """A write transaction for ``Tx``: on SQLite in a file begun on the driver, a session
+        """A write transaction for ``Tx``: begun on the driver where ``on_driver``, a session
         joining it only when asked for (``WriteTx``); elsewhere a session."""
-        if self._driver_file is None:
-            async with self.write(urgent=urgent) as session:
-                yield session
+        if self._driver_file is not None:
+            async with self._sqlite_write_tx(urgent) as tx:
+                yield tx
             return
+        if self._pg_driver:
+            conn = self._held.pop() if self._held else await self.engine.connect()
+            adapted = asyncpg_adapter(conn)
+            if adapted is not None:
+                async with self._pg_write_tx(conn, adapted) as tx:
+                    yield tx
+                return
+            self._pg_driver = False  # another SQLAlchemy than this was written against
+            await conn.close()
+        async with self.write(urgent=urgent) as session:
+            yield session
+
+    @asynccontextmanager
+    async def _sqlite_write_tx(self, urgent: bool) -> AsyncIterator[WriteTx]:
         await self._write_lock.acquire(urgent=urgent)
         try:
             driver = self._writer_connection()
@@ -244,6 +267,33 @@ class Database:
             self._write_lock.release()
 
     @asynccontextmanager
+    async def _pg_write_tx(self, conn: AsyncConnection, adapted: Any) -> AsyncIterator[WriteTx]:
+        """Begun on asyncpg at the first statement; a session made in it is bound to the same
+        connection and joins it. Committed: the connection is kept for the next one; on any
+        failure it goes back to the pool, which rolls back what it holds (or drops it)."""
+
+        def session() -> AsyncSession:
+            joined = self._writer(bind=conn)
+            joined.info["origin"] = self.origin
+            return joined
+
+        tx = WriteTx(PgTx(conn, adapted, self.origin), session)
+        keep = False
+        try:
+            yield tx
+            if tx.joined is not None:
+                await tx.joined.commit()  # flushes; commits what began on the session's side
+            await end_on_asyncpg(adapted, conn, commit=True)
+            keep = not conn.invalidated and not conn.in_transaction()
+        finally:
+            if tx.joined is not None:
+                await tx.joined.close()
+            if keep and len(self._held) < self._held_max:
+                self._held.append(conn)
+            else:
+                await conn.close()
+
+    @asynccontextmanager
     async def read(self) -> AsyncIterator[AsyncSession]:
         async with self._reader() as session:
             yield session
@@ -263,6 +313,9 @@ class Database:
         return self._driver
 
     async def dispose(self) -> None:
+        held, self._held = self._held, []
+        for conn in held:
+            await conn.close()
         if self._write_engine is not None:
             await self._write_engine.dispose()
         if self._driver is not None:

@@ -10,10 +10,11 @@ processors SQLAlchemy would apply. Elsewhere (PostgreSQL, an in-memory SQLite da
 behind aiosqlite's thread) the same statement goes through the session as before.
 
 Callers see one interface, ``await stmt.rows(target, params)``: a list of plain tuples,
-the statement's columns in order, whichever way it ran. The target is a session, or a
-``DriverTx``: a SQLite write transaction begun on the process's one writer connection with
-no session at all (``Database.driver_write``, ``Database.write_tx``), for work made of
-prepared statements alone (a submission, a batch of events, a step's end).
+the statement's columns in order, whichever way it ran. The target is a session, or a write
+transaction with no session at all, for work made of prepared statements alone (a
+submission, a batch of events, a step's end): a ``DriverTx`` on SQLite (begun on the
+process's one writer connection), a ``PgTx`` on PostgreSQL (begun on asyncpg under a
+connection the process keeps checked out); see ``Database.write_tx``.
 """
 
 from __future__ import annotations
@@ -109,8 +110,47 @@ class DriverTx:
     dialect: Dialect
 
 
-# where a prepared statement runs: a session's transaction, or the driver's alone
-Target = AsyncSession | DriverTx
+@dataclass(frozen=True, slots=True)
+class PgTx:
+    """A PostgreSQL write transaction run on asyncpg itself (no session), under a connection
+    the process holds (``Database.write_tx``); ``origin`` names the process's writes."""
+
+    conn: AsyncConnection
+    asyncpg: Any  # SQLAlchemy's adapter of the asyncpg connection (``_ADAPTER_API``)
+    origin: str
+
+    @property
+    def dialect(self) -> Dialect:
+        return self.conn.dialect
+
+
+# where a prepared statement runs: a session's transaction, or a driver's alone
+Target = AsyncSession | DriverTx | PgTx
+
+
+@dataclass(slots=True)
+class _Route:
+    """How a statement of a target runs: on SQLite's driver inline, on asyncpg, or through
+    SQLAlchemy's Core on the session's connection (the first of them that is set)."""
+
+    dialect: Dialect
+    sqlite: sqlite3.Connection | None = None
+    asyncpg: Any | None = None
+    conn: AsyncConnection | None = None
+
+
+async def _route(target: Target) -> _Route:
+    if isinstance(target, DriverTx):
+        return _Route(target.dialect, sqlite=target.sqlite)
+    if isinstance(target, PgTx):
+        return _Route(target.dialect, asyncpg=target.asyncpg, conn=target.conn)
+    if not target.sync_session._is_clean():
+        await target.flush()  # what the session would autoflush before the statement
+    driver = await sqlite_driver(target)
+    if driver is not None:
+        return _Route(target.get_bind().dialect, sqlite=driver)
+    conn = await _connection(target)
+    return _Route(conn.dialect, asyncpg=await _asyncpg_of(target, conn), conn=conn)
 
 
 class Prepared:
@@ -131,26 +171,21 @@ class Prepared:
     async def rows(
         self, target: Target, params: Mapping[str, Any] | None = None
     ) -> list[tuple[Any, ...]]:
-        driver = await _driver_of(target)
-        if isinstance(target, AsyncSession) and not target.sync_session._is_clean():
-            await target.flush()  # what the session would autoflush before the statement
-        if driver is not None:
-            compiled = self.compiled(
-                target.dialect if isinstance(target, DriverTx) else dialect_of(target)
+        route = await _route(target)
+        compiled = self.compiled(route.dialect)
+        if route.sqlite is not None:
+            return run_on_driver(
+                route.sqlite, compiled.sql, compiled.bound(params or {}), compiled.rows
             )
-            return run_on_driver(driver, compiled.sql, compiled.bound(params or {}), compiled.rows)
-        assert isinstance(target, AsyncSession)
-        conn = await _connection(target)
-        pg = await _asyncpg_of(target, conn)
-        if pg is not None:  # on asyncpg itself, in the session's transaction
-            compiled = self.compiled(conn.dialect)
+        assert route.conn is not None
+        if route.asyncpg is not None:  # on asyncpg itself, in the target's transaction
             bound = compiled.bound(params or {})
-            records, columns = await run_on_asyncpg(pg, conn, compiled.sql, bound)
+            records, columns = await run_on_asyncpg(route.asyncpg, route.conn, compiled.sql, bound)
             if compiled.results is None:
                 compiled.results = compiled.typed([c.type.oid for c in columns])
             return compiled.convert(records)
         # a Core statement: on the session's connection, past the ORM
-        result = await conn.execute(self.stmt, params)
+        result = await route.conn.execute(self.stmt, params)
         return [tuple(row) for row in result.all()] if result.returns_rows else []
 
     async def first(
@@ -164,27 +199,28 @@ async def driver_sql(
     target: Target, sql: str, params: Any, *, many: bool = False
 ) -> list[tuple[Any, ...]]:
     """SQL in the driver's own dialect (its paramstyle, no conversions), on SQLite's driver
-    where it runs inline, else on the session's connection; the rows it returns."""
-    driver = await _driver_of(target)
-    if driver is not None:
-        return run_on_driver(driver, sql, params, many=many)
-    assert isinstance(target, AsyncSession)
-    conn = await _connection(target)
-    pg = await _asyncpg_of(target, conn)
-    if pg is not None:
-        records, _ = await run_on_asyncpg(pg, conn, sql, params, many=many)
+    where it runs inline, on asyncpg, else on the session's connection; the rows it
+    returns."""
+    route = await _route(target)
+    if route.sqlite is not None:
+        return run_on_driver(route.sqlite, sql, params, many=many)
+    assert route.conn is not None
+    if route.asyncpg is not None:
+        records, _ = await run_on_asyncpg(route.asyncpg, route.conn, sql, params, many=many)
         return [tuple(r) for r in records]
-    result = await conn.exec_driver_sql(sql, params)
+    result = await route.conn.exec_driver_sql(sql, params)
     return [tuple(row) for row in result.all()] if result.returns_rows else []
 
 
 def dialect_of(target: Target) -> Dialect:
-    return target.dialect if isinstance(target, DriverTx) else target.get_bind().dialect
+    return target.get_bind().dialect if isinstance(target, AsyncSession) else target.dialect
 
 
-async def _driver_of(target: Target) -> sqlite3.Connection | None:
-    """The SQLite connection a statement of ``target`` runs on directly, or ``None``."""
-    return target.sqlite if isinstance(target, DriverTx) else await sqlite_driver(target)
+def origin_of(target: Target) -> str | None:
+    """The process that writes in ``target`` (PostgreSQL; ``None`` on SQLite)."""
+    if isinstance(target, PgTx):
+        return target.origin
+    return None if isinstance(target, DriverTx) else target.info.get("origin")
 
 
 async def sqlite_driver(session: AsyncSession) -> sqlite3.Connection | None:
@@ -220,16 +256,21 @@ async def _asyncpg_of(session: AsyncSession, conn: AsyncConnection) -> Any | Non
     """SQLAlchemy's asyncpg connection adapter under ``conn`` (the session's, in this
     transaction), or ``None`` on another driver."""
     adapted = session.info.get(_ASYNCPG)
-    if adapted is not None:
-        return adapted
+    if adapted is None:
+        adapted = asyncpg_adapter(conn)
+        if adapted is not None:
+            session.info[_ASYNCPG] = adapted
+    return adapted
+
+
+def asyncpg_adapter(conn: AsyncConnection) -> Any | None:
+    """SQLAlchemy's asyncpg adapter of the connection, or ``None`` on another driver (or a
+    SQLAlchemy other than the one this was written against: the Core path then)."""
     if conn.dialect.driver != "asyncpg":
         return None
     fairy = conn.sync_connection.connection  # type: ignore[union-attr]
     adapted = fairy.dbapi_connection
-    if not all(hasattr(adapted, a) for a in _ADAPTER_API):
-        return None  # another SQLAlchemy than this was written against: the Core path
-    session.info[_ASYNCPG] = adapted
-    return adapted
+    return adapted if all(hasattr(adapted, a) for a in _ADAPTER_API) else None
 
 
 # what run_on_asyncpg uses of SQLAlchemy's asyncpg adapter (sqlalchemy/dialects/postgresql/
@@ -243,13 +284,14 @@ _ADAPTER_API = (
     "_invalidate_schema_cache_asof",
     "_handle_exception",
     "_connection",
+    "_call_and_discard",
 )
 
 
 async def run_on_asyncpg(
     adapted: Any, conn: AsyncConnection, sql: str, params: Any, *, many: bool = False
 ) -> tuple[list[Any], Any]:
-    """SQL in asyncpg's paramstyle on the session's asyncpg connection, inside the session's
+    """SQL in asyncpg's paramstyle on the asyncpg connection under ``conn``, inside its
     transaction (begun here as SQLAlchemy's cursor would begin it): its records and its
     columns' attributes. Errors are raised as SQLAlchemy raises them, and a connection lost
     is invalidated."""
@@ -263,27 +305,51 @@ async def run_on_asyncpg(
             prepared, columns = await adapted._prepare(sql, adapted._invalidate_schema_cache_asof)
             return await prepared.fetch(*params), columns
         except Exception as exc:
-            error: Exception = exc
-            dbapi_error = conn.dialect.loaded_dbapi.Error
-            if not isinstance(exc, dbapi_error):
-                try:
-                    adapted._handle_exception(exc)  # raises the DBAPI's translation
-                except dbapi_error as translated:
-                    error = translated
-            if not isinstance(error, dbapi_error):
-                raise
-            disconnect = conn.dialect.is_disconnect(error, adapted, None)
-            wrapped = DBAPIError.instance(
-                sql,
-                params,
-                error,
-                dbapi_error,
-                connection_invalidated=disconnect,
-                dialect=conn.dialect,
-            )
-        if disconnect:
-            await conn.invalidate(wrapped)
-        raise wrapped from error
+            wrapped, disconnect = _translated(adapted, conn, sql, params, exc)
+    if disconnect:
+        await conn.invalidate(wrapped)
+    raise wrapped
+
+
+async def end_on_asyncpg(adapted: Any, conn: AsyncConnection, *, commit: bool) -> None:
+    """COMMIT (or ROLLBACK) what ``run_on_asyncpg`` began, if it began anything; errors as
+    SQLAlchemy raises them (a refused deferred constraint, a lost connection)."""
+    async with adapted._execute_mutex:
+        transaction = adapted._transaction
+        if transaction is None:
+            return
+        try:  # the adapter forgets the transaction whether or not this succeeds
+            await adapted._call_and_discard(transaction.commit if commit else transaction.rollback)
+            return
+        except Exception as exc:
+            sql = "COMMIT" if commit else "ROLLBACK"
+            wrapped, disconnect = _translated(adapted, conn, sql, (), exc)
+    if disconnect:
+        await conn.invalidate(wrapped)
+    raise wrapped
+
+
+def _translated(
+    adapted: Any, conn: AsyncConnection, sql: str, params: Any, exc: Exception
+) -> tuple[Exception, bool]:
+    """An error of asyncpg as SQLAlchemy would raise it, and whether the connection is lost."""
+    error: Exception = exc
+    dbapi_error = conn.dialect.loaded_dbapi.Error
+    if not isinstance(exc, dbapi_error):
+        try:
+            adapted._handle_exception(exc)  # raises the DBAPI's translation
+        except dbapi_error as translated:
+            error = translated
+        except Exception as other:
+            return other, False
+    if not isinstance(error, dbapi_error):
+        return error, False
+    disconnect = conn.dialect.is_disconnect(error, adapted, None)
+    wrapped = DBAPIError.instance(
+        sql, params, error, dbapi_error, connection_invalidated=disconnect, dialect=conn.dialect
+    )
+    wrapped.__cause__ = error
+    return wrapped, disconnect
 
 
 @event.listens_for(Session, "after_transaction_end")

@@ -3,6 +3,7 @@ asyncpg under the session): they must mean what the session would have made of t
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from datetime import UTC, datetime
 from typing import Any, cast
@@ -14,7 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from orchestratord.db.engine import Database
 from orchestratord.db.models import Flow, Run
-from orchestratord.db.prepared import Prepared, detached, sqlite_driver
+from orchestratord.db.prepared import PgTx, Prepared, Target, detached, driver_sql, sqlite_driver
 from orchestratord.tx import Tx
 
 _RUNS = cast(sa.Table, Run.__table__)
@@ -311,3 +312,120 @@ async def test_the_writer_connection_comes_back_after_it_was_invalidated(db: Dat
         run.status = "completed"
     async with db.read() as session:
         assert (await session.get(Run, "run_n")).status == "completed"  # type: ignore[union-attr]
+
+
+_PG_ONLY = pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
+
+
+async def _backend_pid(target: Target) -> int:
+    return int((await driver_sql(target, "SELECT pg_backend_pid()", ()))[0][0])
+
+
+async def _busy_backends(db: Database) -> list[tuple[str, str]]:
+    """Other connections of this database in a transaction or running a statement."""
+    async with db.engine.connect() as conn:
+        rows = await conn.execute(
+            sa.text(
+                "SELECT state, query FROM pg_stat_activity WHERE datname = current_database()"
+                " AND pid <> pg_backend_pid() AND state <> 'idle'"
+            )
+        )
+        return [(r[0], r[1]) for r in rows]
+
+
+@_PG_ONLY
+async def test_postgresql_write_transactions_run_on_a_connection_kept_between_them(
+    db: Database,
+) -> None:
+    """No session and no pool checkout per transaction: the connection of a committed one
+    serves the next; one that failed goes back to the pool rolled back."""
+    await _seed(db, _run("run_t"), _run("run_u"))
+    async with db.driver_write() as tx:
+        assert isinstance(tx, PgTx)
+        first = await _backend_pid(tx)
+        await _SET_STATUS.rows(tx, {"id": "run_t", "s": "cancelling"})
+    async with db.driver_write() as tx:
+        assert await _backend_pid(tx) == first
+    with pytest.raises(sa.exc.IntegrityError):
+        async with db.driver_write() as tx:
+            await _SET_STATUS.rows(tx, {"id": "run_u", "s": "cancelling"})
+            await _RENAME.rows(tx, {"id": "run_u", "to": "run_t"})
+    assert await _busy_backends(db) == []  # nothing left open in a transaction
+    assert db.engine.pool.checkedout() == 0  # type: ignore[attr-defined]
+    async with db.driver_write() as tx:
+        await _SET_STATUS.rows(tx, {"id": "run_u", "s": "completed"})
+    assert await _statuses(db) == {"run_t": "cancelling", "run_u": "completed"}
+
+
+@_PG_ONLY
+async def test_a_cancelled_postgresql_transaction_takes_its_statements_back(db: Database) -> None:
+    await _seed(db, _run("run_v"))
+    began = asyncio.Event()
+
+    async def slow() -> None:
+        async with db.driver_write() as tx:
+            await _SET_STATUS.rows(tx, {"id": "run_v", "s": "cancelling"})
+            began.set()
+            await driver_sql(tx, "SELECT pg_sleep(30)", ())
+
+    task = asyncio.create_task(slow())
+    await began.wait()
+    await asyncio.sleep(0.1)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert await _statuses(db) == {"run_v": "running"}
+    async with db.driver_write() as tx:  # writes go on, on another connection or this one
+        await _SET_STATUS.rows(tx, {"id": "run_v", "s": "completed"})
+    assert await _statuses(db) == {"run_v": "completed"}
+    for _ in range(50):  # the server was told to stop the statement
+        if not await _busy_backends(db):
+            break
+        await asyncio.sleep(0.1)
+    assert await _busy_backends(db) == []
+
+
+@_PG_ONLY
+async def test_postgresql_keeps_a_bounded_number_of_connections_between_transactions(
+    db: Database,
+) -> None:
+    await _seed(db, _run("run_w"))
+    kept = db._held_max
+    inside = 0
+    all_in = asyncio.Event()
+
+    async def one() -> None:
+        nonlocal inside
+        async with db.driver_write() as tx:
+            await _RUN_BY_ID.rows(tx, {"id": "run_w"})
+            inside += 1
+            if inside == kept + 3:
+                all_in.set()
+            await all_in.wait()
+
+    await asyncio.gather(*(one() for _ in range(kept + 3)))
+    assert db.engine.pool.checkedout() == kept  # type: ignore[attr-defined]
+    await db.dispose()
+    assert db.engine.pool.checkedout() == 0  # type: ignore[attr-defined]
+
+
+@_PG_ONLY
+async def test_a_kept_connection_whose_backend_died_is_dropped_at_its_first_error(
+    db: Database,
+) -> None:
+    """As a pooled connection without a ping: the transaction that finds it dead fails with
+    the connection marked invalidated (the service answers it as retriable); the next one
+    runs on a live connection."""
+    await _seed(db, _run("run_x"))
+    async with db.driver_write() as tx:
+        pid = await _backend_pid(tx)
+    async with db.engine.connect() as other:
+        await other.execute(sa.text(f"SELECT pg_terminate_backend({pid})"))
+    with pytest.raises(sa.exc.DBAPIError) as info:
+        async with db.driver_write() as tx:
+            await _SET_STATUS.rows(tx, {"id": "run_x", "s": "cancelling"})
+    assert info.value.connection_invalidated
+    async with db.driver_write() as tx:
+        assert await _backend_pid(tx) != pid
+        await _SET_STATUS.rows(tx, {"id": "run_x", "s": "completed"})
+    assert await _statuses(db) == {"run_x": "completed"}
