@@ -28,7 +28,7 @@ from orchestrator_core.errors import InvalidParams
 from orchestratord.api.asgi import header, replay
 from orchestratord.api.auth import api_routes, authorize
 from orchestratord.api.params import refuse_nul
-from orchestratord.steps.routes import answer_submission
+from orchestratord.steps.routes import answer_submission, wants_stream
 from orchestratord.streams.routes import answer_step_stream, resume_from
 
 PASSED = "orchestratord.hot_route_passed"  # set on a request handed to the FastAPI route
@@ -125,7 +125,8 @@ async def _submit(route: HotRoute, scope: Scope, receive: Receive, send: Send) -
     orch = scope["app"].state.orchestrator
     principal = authorize(scope, orch.auth, keys.Scope.WRITE)
     run_id = scope["path_params"]["run_id"]
-    response = await answer_submission(orch, run_id, step, principal)
+    stream = wants_stream(header(scope, b"accept"))
+    response = await answer_submission(orch, run_id, step, principal, stream=stream)
     await response(scope, receive, send)
 
 
@@ -153,7 +154,7 @@ HOT: tuple[tuple[str, str, str, Handler, frozenset[tuple[str, str]], keys.Scope]
         "/v1/runs/{run_id}/steps",
         r"/v1/runs/(?P<run_id>[^/]+)/steps",
         _submit,
-        frozenset({("path", "run_id"), ("body", "body")}),
+        frozenset({("path", "run_id"), ("body", "body"), ("header", "accept")}),
         keys.Scope.WRITE,
     ),
     (

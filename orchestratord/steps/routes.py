@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, Request, Response
+from fastapi import APIRouter, Depends, Header, Request, Response
 
 from contracts.runs import CancelOut
 from contracts.steps import AnyStepCreate, StepAccepted, StepCreate, StepOut
@@ -15,45 +15,93 @@ from orchestratord.steps.kinds import kind_of
 from orchestratord.steps.queries import get_step as read_step
 from orchestratord.steps.queries import step_view
 from orchestratord.steps.submission import submit_step as submit
+from orchestratord.streams.routes import admit as admit_stream
+from orchestratord.streams.routes import let_go, submitted_step_stream
 
 router = APIRouter(tags=["steps"])
+
+
+# with ``Accept: text/event-stream`` either answer is the step's stream instead
+_OR_STREAMED = (
+    "; with `Accept: text/event-stream`, the step's stream from its first event instead"
+    " (`X-Step-Id` names the step; resume at `Location` with `Last-Event-ID`)"
+)
 
 
 @router.post(
     "/v1/runs/{run_id}/steps",
     status_code=202,
     response_model=StepAccepted,
-    responses={200: {"model": StepAccepted, "description": "a repeated client_token: the first"}},
+    responses={
+        202: {
+            "description": "the step, made" + _OR_STREAMED,
+            "content": {"text/event-stream": {}},
+        },
+        200: {
+            "model": StepAccepted,
+            "description": "a repeated client_token: the first step" + _OR_STREAMED,
+            "content": {"text/event-stream": {}},
+        },
+    },
 )
 async def submit_step(
-    run_id: str, body: StepCreate, request: Request, principal: Principal | None = WRITE
+    run_id: str,
+    body: StepCreate,
+    request: Request,
+    accept: str | None = Header(default=None),
+    principal: Principal | None = WRITE,
 ) -> Response:
     # the hottest route: answered by api/hot_routes.py before FastAPI's routing when the
     # request is well formed; what it hands on (errors included) lands here
-    return await answer_submission(request.app.state.orchestrator, run_id, body, principal)
+    orch = request.app.state.orchestrator
+    return await answer_submission(orch, run_id, body, principal, stream=wants_stream(accept))
+
+
+def wants_stream(accept: str | bytes | None) -> bool:
+    """``Accept`` names ``text/event-stream`` (its parameters and case aside)."""
+    if accept is None:
+        return False
+    text = accept.decode("latin-1") if isinstance(accept, bytes) else accept
+    return any(
+        part.split(";", 1)[0].strip().lower() == "text/event-stream" for part in text.split(",")
+    )
 
 
 async def answer_submission(
-    orch: Orchestrator, run_id: str, typed: AnyStepCreate, principal: Principal | None
+    orch: Orchestrator,
+    run_id: str,
+    typed: AnyStepCreate,
+    principal: Principal | None,
+    *,
+    stream: bool = False,
 ) -> Response:
     """The submission's answer, encoded here, not validated again through the response model
-    (the model still documents it)."""
+    (the model still documents it). ``stream``: the answer is the step's stream, admitted
+    (the process's and the key's stream limits) before the step is made."""
     if principal is not None:
         orch.rates.check_tokens(principal.key_id)
-    async with orch.tx() as tx:
-        done = await submit(tx, run_id=run_id, body=typed, ctx=orch.submit_context)
-        step = done.step
-        status = step_view(step)["status"]
-        response = JsonResponse(
-            {"step_id": step.step_id, "status": status}, status_code=202 if done.created else 200
-        )
-        set_budget_headers(response, done.run, done.ledger)
-        fresh = done.created and status in ("queued", "running")
-        if fresh and orch.hub_sees_every_write:
-            # its log is empty until this commits: its streams start from memory
-            step_id = step.step_id
-            tx.on_rollback(lambda: orch.hub.forget_step(step_id))
-            orch.hub.expect_step(step_id, cancel_on_disconnect=step.cancel_on_disconnect)
+    if stream:
+        admit_stream(orch, None, principal)
+    try:
+        async with orch.tx() as tx:
+            done = await submit(tx, run_id=run_id, body=typed, ctx=orch.submit_context)
+            step = done.step
+            status = step_view(step)["status"]
+            response = JsonResponse(
+                {"step_id": step.step_id, "status": status},
+                status_code=202 if done.created else 200,
+            )
+            set_budget_headers(response, done.run, done.ledger)
+            fresh = done.created and status in ("queued", "running")
+            if fresh and orch.hub_sees_every_write:
+                # its log is empty until this commits: its streams start from memory
+                step_id = step.step_id
+                tx.on_rollback(lambda: orch.hub.forget_step(step_id))
+                orch.hub.expect_step(step_id, cancel_on_disconnect=step.cancel_on_disconnect)
+    except BaseException:
+        if stream:
+            let_go(orch, principal)
+        raise
     if done.created:
         if principal is not None:
             orch.rates.add_tokens(
@@ -61,6 +109,18 @@ async def answer_submission(
             )
         if status == "queued":  # a running one started with its submission
             orch.dispatcher.wake(control=not kind_of(typed.type).engine)
+    if stream:
+        own = {k: v for k, v in response.headers.items() if k.startswith("x-budget-")}
+        own["x-step-id"] = step.step_id
+        own["location"] = f"/v1/steps/{step.step_id}/stream"
+        return submitted_step_stream(
+            orch,
+            principal,
+            step_id=step.step_id,
+            cancel_on_disconnect=bool(step.cancel_on_disconnect),
+            status_code=response.status_code,
+            own_headers=own,
+        )
     return response
 
 

@@ -35,7 +35,10 @@ class EventStreamResponse(Response):
         *,
         headers: Mapping[str, str],
         status_code: int = 200,  # the signature FastAPI reads for the OpenAPI document
+        own_headers: Mapping[str, str] | None = None,
     ) -> None:
+        """``headers`` are shared by many streams (encoded once); ``own_headers`` are this
+        response's alone (a submission's step id, its run's budget)."""
         self.frames = frames
         self.status_code = status_code
         self.background = None
@@ -44,6 +47,10 @@ class EventStreamResponse(Response):
         if raw is None:  # every stream answers with the same headers: encoded once, shared
             self.init_headers({**headers, "content-type": "text/event-stream; charset=utf-8"})
             raw = _RAW_HEADERS[key] = tuple(self.raw_headers)
+        if own_headers:
+            raw = raw + tuple(
+                (k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in own_headers.items()
+            )
         # a tuple: what would change one response's headers fails instead of changing all
         self.raw_headers = cast(list[tuple[bytes, bytes]], raw)
 
@@ -61,7 +68,13 @@ class EventStreamResponse(Response):
 
         watcher = asyncio.get_running_loop().create_task(watch())
         try:
-            await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": self.status_code,
+                    "headers": self.raw_headers,
+                }
+            )
             send = scope.get(RAW_SEND, send)
             async for chunk in self.frames:
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 
 from fastapi import APIRouter, Header, Query, Request
 
@@ -67,13 +67,48 @@ def _admit(orch: Orchestrator, step_id: str | None) -> None:
         )
 
 
-def _response(
-    orch: Orchestrator, principal: Principal | None, body: AsyncIterator[bytes]
-) -> EventStreamResponse:
+def admit(orch: Orchestrator, step_id: str | None, principal: Principal | None) -> None:
+    """Refuse a stream past the process's and the key's limits, else count it as open
+    (before its follower subscribes); ``let_go`` if it is then not sent."""
+    _admit(orch, step_id)
     if principal is not None:
         orch.key_streams.open(principal.key_id)
+
+
+def let_go(orch: Orchestrator, principal: Principal | None) -> None:
+    if principal is not None:
+        orch.key_streams.close(principal.key_id)
+
+
+def _response(
+    orch: Orchestrator,
+    principal: Principal | None,
+    body: AsyncIterator[bytes],
+    *,
+    status_code: int = 200,
+    own_headers: Mapping[str, str] | None = None,
+) -> EventStreamResponse:
+    """The stream of an admitted follower."""
+    if principal is not None:
         body = orch.key_streams.held(principal.key_id, body)
-    return EventStreamResponse(body, headers=SSE_HEADERS)
+    return EventStreamResponse(
+        body, headers=SSE_HEADERS, status_code=status_code, own_headers=own_headers
+    )
+
+
+def submitted_step_stream(
+    orch: Orchestrator,
+    principal: Principal | None,
+    *,
+    step_id: str,
+    cancel_on_disconnect: bool,
+    status_code: int,
+    own_headers: Mapping[str, str],
+) -> EventStreamResponse:
+    """A step's stream from its first event, as the answer to its submission (admitted
+    before it)."""
+    body = follow_step(orch, step_id, 0, cancel_on_disconnect=cancel_on_disconnect)
+    return _response(orch, principal, body, status_code=status_code, own_headers=own_headers)
 
 
 @router.get("/v1/steps/{step_id}/stream", response_class=EventStreamResponse)
@@ -99,13 +134,17 @@ async def stream_step(
 async def answer_step_stream(
     orch: Orchestrator, step_id: str, start: int, principal: Principal | None
 ) -> EventStreamResponse:
-    _admit(orch, step_id)
-    known = orch.hub.known_step(step_id)  # run here: the step exists, nothing to read
-    if known is not None and known.cancel_on_disconnect is not None:
-        cod = known.cancel_on_disconnect
-    else:
-        async with orch.db.read() as session:
-            cod = await cancel_on_disconnect(session, step_id=step_id)
+    admit(orch, step_id, principal)
+    try:
+        known = orch.hub.known_step(step_id)  # run here: the step exists, nothing to read
+        if known is not None and known.cancel_on_disconnect is not None:
+            cod = known.cancel_on_disconnect
+        else:
+            async with orch.db.read() as session:
+                cod = await cancel_on_disconnect(session, step_id=step_id)
+    except BaseException:
+        let_go(orch, principal)
+        raise
     return _response(orch, principal, follow_step(orch, step_id, start, cancel_on_disconnect=cod))
 
 
@@ -121,7 +160,11 @@ async def stream_run(
 ) -> EventStreamResponse:
     orch: Orchestrator = request.app.state.orchestrator
     start = resume_from(last_event_id, after, raw_after=request.query_params.get("after"))
-    _admit(orch, None)
-    async with orch.db.read() as session:
-        await get_run(session, run_id=run_id)
+    admit(orch, None, principal)
+    try:
+        async with orch.db.read() as session:
+            await get_run(session, run_id=run_id)
+    except BaseException:
+        let_go(orch, principal)
+        raise
     return _response(orch, principal, follow_run(orch, run_id, start))
