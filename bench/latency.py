@@ -13,6 +13,8 @@ Rows (each a ratio or a difference within this run):
 
 * ``ttft_idle``: one stream at a time, 32 tokens; TTFT = request sent -> first token read
   (for orchestratord: step ``POST`` -> first ``token`` frame). Added = target - direct.
+  orchestratord's idle and steps rows are also measured with one request per step
+  (``one_request``: the ``POST`` asks for the step's stream, ``Accept: text/event-stream``).
 * ``ttft_loaded``: 50 concurrent streams x 200 tokens, p50/p99 TTFT, added vs direct.
 * ``steps``: 1-token steps, 16 clients each submitting and reading to ``end`` in a loop:
   steps/s and the server's CPU per step (everything outside the one token); beside them the
@@ -76,14 +78,19 @@ def new_client() -> httpx.AsyncClient:
 
 
 async def read_sse(client: httpx.AsyncClient, url: str, t0: float) -> tuple[float, int]:
-    ttft, n = 0.0, 0
     async with client.stream("GET", url) as r:
         r.raise_for_status()
-        async for line in r.aiter_lines():
-            if line == "event: token":
-                if n == 0:
-                    ttft = time.perf_counter() - t0
-                n += 1
+        return await count_tokens(r, t0)
+
+
+async def count_tokens(r: httpx.Response, t0: float) -> tuple[float, int]:
+    """(time to the first ``token`` frame since ``t0``, tokens) of an SSE response."""
+    ttft, n = 0.0, 0
+    async for line in r.aiter_lines():
+        if line == "event: token":
+            if n == 0:
+                ttft = time.perf_counter() - t0
+            n += 1
     return ttft, n
 
 
@@ -114,22 +121,38 @@ def bare_stream(base: str) -> Stream:
     return one
 
 
-def orchestrated_stream(base: str, run_ids: list[str]) -> Stream:
-    async def one(c: httpx.AsyncClient, i: int, tokens: int) -> tuple[float, int]:
+def orchestrated_stream(base: str, run_ids: list[str], *, one_request: bool = False) -> Stream:
+    """A step submitted, then its stream followed; ``one_request``: the submission asks for
+    the stream itself (``Accept: text/event-stream``)."""
+
+    def step(i: int, tokens: int) -> tuple[str, dict[str, Any]]:
+        body = {
+            "type": "llm_call",
+            "client_token": uuid.uuid4().hex,
+            "input": {"prompt": f"p{i}", "params": {"max_tokens": tokens}},
+        }
+        return f"{base}/v1/runs/{run_ids[i % len(run_ids)]}/steps", body
+
+    async def two(c: httpx.AsyncClient, i: int, tokens: int) -> tuple[float, int]:
         t0 = time.perf_counter()
-        r = await c.post(
-            f"{base}/v1/runs/{run_ids[i % len(run_ids)]}/steps",
-            json={
-                "type": "llm_call",
-                "client_token": uuid.uuid4().hex,
-                "input": {"prompt": f"p{i}", "params": {"max_tokens": tokens}},
-            },
-        )
+        url, body = step(i, tokens)
+        r = await c.post(url, json=body)
         if r.status_code not in (200, 202):
             raise RuntimeError(f"step POST {r.status_code}: {r.text[:300]}")
         return await read_sse(c, f"{base}/v1/steps/{r.json()['step_id']}/stream", t0)
 
-    return one
+    async def one(c: httpx.AsyncClient, i: int, tokens: int) -> tuple[float, int]:
+        t0 = time.perf_counter()
+        url, body = step(i, tokens)
+        async with c.stream("POST", url, json=body, headers=_SSE) as r:
+            if r.status_code not in (200, 202):
+                raise RuntimeError(f"step POST {r.status_code}: {(await r.aread())[:300]!r}")
+            return await count_tokens(r, t0)
+
+    return one if one_request else two
+
+
+_SSE = {"Accept": "text/event-stream"}
 
 
 class Target:
@@ -225,6 +248,15 @@ async def run_rows(t: Target, a: argparse.Namespace) -> dict[str, Any]:
     return row
 
 
+async def one_request_rows(t: Target, a: argparse.Namespace) -> dict[str, Any]:
+    """Idle TTFT and steps again, each step submitted and followed in one request."""
+    row: dict[str, Any] = {"ttft_idle": await idle_ttft(t, a.idle_probes)}
+    rounds = [await steps(t, a.step_clients, a.steps_per_client) for _ in range(a.repeat)]
+    row["steps"] = {k: statistics.median(r[k] for r in rounds) for k in rounds[0]}
+    print(f"  one request: idle {row['ttft_idle']}\n  one request: steps {row['steps']}")
+    return row
+
+
 def write_pools(tmp: Path, upstream: str, slots: int) -> dict[str, str]:
     (tmp / "prices").mkdir(exist_ok=True)
     (tmp / "prices" / "2026-01-01.yaml").write_text(
@@ -273,6 +305,7 @@ async def orchestratord(
                 for i in range(max(a.streams, a.step_clients))
             ]
         target = Target(name, orchestrated_stream(server.base_url, runs), server)
+        single = orchestrated_stream(server.base_url, runs, one_request=True)
         if "--engine" in engine_args:  # the sim row: tokens per CPU-second only
             rounds = [
                 await concurrent(target, a.relay_streams, a.relay_tokens) for _ in range(a.repeat)
@@ -280,7 +313,9 @@ async def orchestratord(
             row = {"relay": {k: statistics.median(r[k] for r in rounds) for k in rounds[0]}}
             print(f"{name}\n  relay {row['relay']}", flush=True)
             return row
-        return await run_rows(target, a)
+        row = await run_rows(target, a)
+        row["one_request"] = await one_request_rows(Target(name, single, server), a)
+        return row
     finally:
         await server.stop()
 
@@ -398,15 +433,30 @@ def report(out: dict[str, Any]) -> str:
             f"{rl.get('tokens_per_cpu_s', 0):,.0f} |"
         )
     for name, r in out.items():
+        if not isinstance(r, dict) or "one_request" not in r:
+            continue
+        idle, st = r["one_request"]["ttft_idle"], r["one_request"]["steps"]
+        add50 = idle["p50_ms"] - d["ttft_idle"]["p50_ms"]
+        add99 = idle["p99_ms"] - d["ttft_idle"]["p99_ms"]
+        lines.append(
+            f"| {name}, one request per step | {add50:.1f} / {add99:.1f} ms | | "
+            f"{st['cpu_ms_per_step']:.2f} ms | {st['steps_per_s']:.0f} | |"
+        )
+    for name, r in out.items():
         if isinstance(r, dict) and name.endswith("sim engine"):
             lines.append(f"| {name} | | | | | {r['relay']['tokens_per_cpu_s']:,.0f} |")
     for name, r in out.items():
-        st = r.get("steps") if isinstance(r, dict) else None
-        if st and "machine_busy_cores" in st:
-            lines.append(
-                f"\n{name}, steps row: client CPU {st['client_cpu_ms_per_step']:.2f} ms per step, "
-                f"{st['machine_busy_cores']:.2f} of the machine's cores busy"
-            )
+        if not isinstance(r, dict):
+            continue
+        for label, st in (
+            ("", r.get("steps")),
+            (", one request", r.get("one_request", {}).get("steps")),
+        ):
+            if st and "machine_busy_cores" in st:
+                lines.append(
+                    f"\n{name}{label}, steps row: client CPU {st['client_cpu_ms_per_step']:.2f} ms"
+                    f" per step, {st['machine_busy_cores']:.2f} of the machine's cores busy"
+                )
     for name, r in out.items():
         if name.startswith("idle "):
             lines.append(

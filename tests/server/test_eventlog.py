@@ -53,9 +53,9 @@ async def test_writer_groups_commits(client: httpx.AsyncClient, orch: Orchestrat
 async def test_events_and_ends_commit_without_a_session(
     client: httpx.AsyncClient, orch: Orchestrator, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """On SQLite the writer's batches made of prepared statements alone (events, a step's
-    end and settlement) commit on the driver's own transaction: it opens no session for
-    them. PostgreSQL writes in sessions."""
+    """The writer's batches made of prepared statements alone (events, a step's end and
+    settlement) commit on the driver's own transaction (SQLite's, asyncpg's): it opens no
+    session for them."""
     from orchestratord.eventlog import make_event
 
     run_id = await make_run(client)
@@ -70,7 +70,7 @@ async def test_events_and_ends_commit_without_a_session(
     monkeypatch.setattr(orch.db, "write", counting_write)
     events = [make_event(run_id, None, None, "narration", {"text": f"n{i}"}) for i in range(5)]
     await orch.writer.append(events, wait=True)
-    assert sessions == (0 if orch.db.is_sqlite else 1)
+    assert sessions == 0
     stored = await stored_events(orch.db, run_id=run_id)
     assert [ev.run_seq for ev in stored] == list(range(5))
     sessions = 0
