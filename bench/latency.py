@@ -175,9 +175,9 @@ async def concurrent(t: Target, streams: int, tokens: int) -> dict[str, float]:
     clients = [new_client() for _ in range(streams)]
     try:
         await asyncio.gather(*(t.stream(c, i, 4) for i, c in enumerate(clients)))  # warm
-        cpu0, t0 = t.cpu(), time.perf_counter()
+        cpu0, t0, busy0 = t.cpu(), time.perf_counter(), machine_busy_s()
         out = await asyncio.gather(*(t.stream(c, i, tokens) for i, c in enumerate(clients)))
-        wall, cpu = time.perf_counter() - t0, t.cpu() - cpu0
+        wall, cpu, busy1 = time.perf_counter() - t0, t.cpu() - cpu0, machine_busy_s()
     finally:
         for c in clients:
             await c.aclose()
@@ -185,7 +185,7 @@ async def concurrent(t: Target, streams: int, tokens: int) -> dict[str, float]:
     if got != streams * tokens:
         raise RuntimeError(f"{t.name}: {got} tokens read, {streams * tokens} expected")
     ttfts = [s * 1000 for s, _ in out]
-    return {
+    row = {
         "ttft_p50_ms": statistics.median(ttfts),
         "ttft_p99_ms": pct(ttfts, 99),
         "tokens_per_s": got / wall,
@@ -193,6 +193,9 @@ async def concurrent(t: Target, streams: int, tokens: int) -> dict[str, float]:
         "cpu_s": cpu,
         "wall_s": wall,
     }
+    if busy0 is not None and busy1 is not None:  # the machine's busy cores meanwhile
+        row["machine_busy_cores"] = (busy1 - busy0) / wall
+    return row
 
 
 async def steps(t: Target, clients_n: int, per_client: int) -> dict[str, float]:
@@ -233,7 +236,8 @@ async def run_rows(t: Target, a: argparse.Namespace) -> dict[str, Any]:
     print(f"  idle {row['ttft_idle']}", flush=True)
     loaded = [await concurrent(t, a.streams, a.loaded_tokens) for _ in range(a.repeat)]
     row["ttft_loaded"] = {
-        k: statistics.median(r[k] for r in loaded) for k in ("ttft_p50_ms", "ttft_p99_ms")
+        k: statistics.median(r.get(k, 0.0) for r in loaded)
+        for k in ("ttft_p50_ms", "ttft_p99_ms", "wall_s", "cpu_s", "machine_busy_cores")
     }
     print(f"  loaded {row['ttft_loaded']}", flush=True)
     if t.server is not None:
