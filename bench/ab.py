@@ -48,7 +48,10 @@ async def measure_on(
     pools = ["--pools", str(tmp / "pools.yaml")]
 
     async def one(url: str) -> dict[str, float]:
-        rows = await latency.orchestratord(str(tree), url, pools, {**env, **extra}, tmp, a, tree)
+        # the two-request client only: a tree from before the one-request answer has none
+        rows = await latency.orchestratord(
+            str(tree), url, pools, {**env, **extra}, tmp, a, tree, one_request=False
+        )
         return flat(rows)
 
     async def idle(url: str) -> dict[str, float]:

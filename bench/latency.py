@@ -13,7 +13,7 @@ Rows (each a ratio or a difference within this run):
 
 * ``ttft_idle``: one stream at a time, 32 tokens; TTFT = request sent -> first token read
   (for orchestratord: step ``POST`` -> first ``token`` frame). Added = target - direct.
-  orchestratord's idle and steps rows are also measured with one request per step
+  orchestratord's idle, loaded and steps rows are also measured with one request per step
   (``one_request``: the ``POST`` asks for the step's stream, ``Accept: text/event-stream``).
 * ``ttft_loaded``: 50 concurrent streams x 200 tokens, p50/p99 TTFT, added vs direct.
 * ``steps``: 1-token steps, 16 clients each submitting and reading to ``end`` in a loop:
@@ -253,11 +253,18 @@ async def run_rows(t: Target, a: argparse.Namespace) -> dict[str, Any]:
 
 
 async def one_request_rows(t: Target, a: argparse.Namespace) -> dict[str, Any]:
-    """Idle TTFT and steps again, each step submitted and followed in one request."""
+    """Idle and loaded TTFT and steps again, each step submitted and followed in one
+    request."""
     row: dict[str, Any] = {"ttft_idle": await idle_ttft(t, a.idle_probes)}
+    loaded = [await concurrent(t, a.streams, a.loaded_tokens) for _ in range(a.repeat)]
+    row["ttft_loaded"] = {
+        k: statistics.median(r.get(k, 0.0) for r in loaded)
+        for k in ("ttft_p50_ms", "ttft_p99_ms", "wall_s", "cpu_s", "machine_busy_cores")
+    }
     rounds = [await steps(t, a.step_clients, a.steps_per_client) for _ in range(a.repeat)]
     row["steps"] = {k: statistics.median(r[k] for r in rounds) for k in rounds[0]}
-    print(f"  one request: idle {row['ttft_idle']}\n  one request: steps {row['steps']}")
+    for name in ("ttft_idle", "ttft_loaded", "steps"):
+        print(f"  one request: {name} {row[name]}", flush=True)
     return row
 
 
@@ -289,8 +296,11 @@ async def orchestratord(
     tmp: Path,
     a: Any,
     tree: Path = ROOT,
+    *,
+    one_request: bool = True,
 ) -> dict[str, Any]:
-    """The rows of one orchestratord server, run from the checkout ``tree``."""
+    """The rows of one orchestratord server, run from the checkout ``tree``; with
+    ``one_request``, also those a client submitting and following in one request sees."""
     port = free_port()
     argv = [sys.executable, "-m", "orchestratord", "serve", "--port", str(port)]
     argv += ["--database-url", url, *engine_args]
@@ -318,7 +328,8 @@ async def orchestratord(
             print(f"{name}\n  relay {row['relay']}", flush=True)
             return row
         row = await run_rows(target, a)
-        row["one_request"] = await one_request_rows(Target(name, single, server), a)
+        if one_request:
+            row["one_request"] = await one_request_rows(Target(name, single, server), a)
         return row
     finally:
         await server.stop()
@@ -439,11 +450,13 @@ def report(out: dict[str, Any]) -> str:
     for name, r in out.items():
         if not isinstance(r, dict) or "one_request" not in r:
             continue
-        idle, st = r["one_request"]["ttft_idle"], r["one_request"]["steps"]
+        one = r["one_request"]
+        idle, loaded, st = one["ttft_idle"], one["ttft_loaded"], one["steps"]
         add50 = idle["p50_ms"] - d["ttft_idle"]["p50_ms"]
         add99 = idle["p99_ms"] - d["ttft_idle"]["p99_ms"]
+        addl = loaded["ttft_p99_ms"] - d["ttft_loaded"]["ttft_p99_ms"]
         lines.append(
-            f"| {name}, one request per step | {add50:.1f} / {add99:.1f} ms | | "
+            f"| {name}, one request per step | {add50:.1f} / {add99:.1f} ms | {addl:.1f} ms | "
             f"{st['cpu_ms_per_step']:.2f} ms | {st['steps_per_s']:.0f} | |"
         )
     for name, r in out.items():
