@@ -16,7 +16,7 @@ from orchestratord.auth import store
 from orchestratord.runtime import Orchestrator
 from orchestratord.settings import Settings
 from tests.conftest import make_settings
-from tests.helpers import SseEvent, make_run, parse_sse, read_stream
+from tests.helpers import SseEvent, make_run, parse_sse, read_stream, wait_status
 
 SSE = {"Accept": "text/event-stream"}
 
@@ -120,6 +120,29 @@ async def test_refusals_before_the_step_are_json_errors(live: httpx.AsyncClient)
     assert invalid.status_code == 422
     assert invalid.json()["code"] == "INVALID_PARAMS"
     assert await _run_steps(live, run_id) == []
+
+
+async def test_leaving_the_submissions_stream_cancels_as_leaving_any_stream(
+    live: httpx.AsyncClient, orch: Orchestrator
+) -> None:
+    """cancel_on_disconnect holds for the stream a submission answers with: its client
+    leaving mid-step cancels the step (and, without it, does not)."""
+    orch.pools.pools["local"].replicas[0].adapter.tokens_per_s = 50.0  # type: ignore[attr-defined]
+    for cancels in (True, False):
+        run_id = await make_run(live, cancel_on_disconnect=cancels)
+        path = f"/v1/runs/{run_id}/steps"
+        async with live.stream("POST", path, json=_body("a", 500), headers=SSE) as r:
+            step_id = r.headers["x-step-id"]
+            async for chunk in r.aiter_text():
+                if "event: token" in chunk:
+                    break
+        if cancels:
+            step = await wait_status(live, step_id, "cancelled")
+            assert step["output"]["stop_reason"] == "cancelled"
+        else:
+            await _until(lambda sid=step_id: orch.hub.followers(sid) == 0)
+            assert (await live.get(f"/v1/steps/{step_id}")).json()["status"] == "running"
+            await live.post(f"/v1/steps/{step_id}/cancel")
 
 
 @pytest.fixture
