@@ -84,6 +84,17 @@ async def read_stream(
     return parse_sse(r.text)[0]
 
 
+async def until(done: Any, *, tries: int = 250, every_s: float = 0.02) -> None:
+    """Wait until ``done()`` holds (checked every ``every_s``), or fail."""
+    import asyncio
+
+    for _ in range(tries):
+        if done():
+            return
+        await asyncio.sleep(every_s)
+    raise AssertionError(f"never: {done}")
+
+
 async def wait_status(client: httpx.AsyncClient, step_id: str, *wanted: str) -> dict[str, Any]:
     import asyncio
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Any
 
 import httpx
 import pytest
@@ -22,6 +21,7 @@ from tests.helpers import (
     read_run_stream,
     read_stream,
     submit,
+    until,
     wait_status,
 )
 
@@ -320,13 +320,6 @@ async def test_streams_past_the_limits_are_refused_naming_the_limit(db_url: str)
     )
     orch = Orchestrator(settings)
     await orch.start()
-
-    async def until(done: Any) -> None:
-        for _ in range(250):
-            if done():
-                return
-            await asyncio.sleep(0.02)
-        raise AssertionError("never")
 
     try:
         async with (

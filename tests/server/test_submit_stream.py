@@ -16,7 +16,7 @@ from orchestratord.auth import store
 from orchestratord.runtime import Orchestrator
 from orchestratord.settings import Settings
 from tests.conftest import make_settings
-from tests.helpers import SseEvent, make_run, parse_sse, read_stream, wait_status
+from tests.helpers import SseEvent, make_run, parse_sse, read_stream, until, wait_status
 
 SSE = {"Accept": "text/event-stream"}
 
@@ -140,7 +140,7 @@ async def test_leaving_the_submissions_stream_cancels_as_leaving_any_stream(
             step = await wait_status(live, step_id, "cancelled")
             assert step["output"]["stop_reason"] == "cancelled"
         else:
-            await _until(lambda sid=step_id: orch.hub.followers(sid) == 0)
+            await until(lambda sid=step_id: orch.hub.followers(sid) == 0)
             assert (await live.get(f"/v1/steps/{step_id}")).json()["status"] == "running"
             await live.post(f"/v1/steps/{step_id}/cancel")
 
@@ -154,14 +154,6 @@ def settings(db_url: str) -> Settings:
         limits={"max_followers_per_key": 1},
         stream={"max_followers": 2},
     )
-
-
-async def _until(done: Any) -> None:
-    for _ in range(250):
-        if done():
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError("never")
 
 
 async def test_a_stream_past_the_process_limit_makes_no_step(
@@ -178,7 +170,7 @@ async def test_a_stream_past_the_process_limit_makes_no_step(
                 pass
 
     holders = [asyncio.create_task(hold(t)) for t in ("a", "b")]
-    await _until(lambda: orch.hub.open_streams() == 2)
+    await until(lambda: orch.hub.open_streams() == 2)
     refused, _ = await _submit_streamed(live, path, _body("c"))
     assert refused.status_code == 429
     assert refused.json()["details"]["limit"] == "stream.max_followers"
@@ -186,7 +178,7 @@ async def test_a_stream_past_the_process_limit_makes_no_step(
     for task in holders:
         task.cancel()
     await asyncio.gather(*holders, return_exceptions=True)
-    await _until(lambda: orch.hub.open_streams() == 0)
+    await until(lambda: orch.hub.open_streams() == 0)
     retried, events = await _submit_streamed(live, path, _body("c"))
     assert retried.status_code == 202 and events[-1].event == "end"
 
@@ -209,7 +201,7 @@ async def test_a_keys_streams_count_the_submissions_streams(
         # a submission refused after its stream was admitted gives its place back
         missing, _ = await _submit_streamed(live, "/v1/runs/run_none/steps", _body("c"))
         assert missing.status_code == 429  # still the key's limit: checked first
-    await _until(lambda: orch.key_streams.count(key_id) == 0)
+    await until(lambda: orch.key_streams.count(key_id) == 0)
     missing, _ = await _submit_streamed(live, "/v1/runs/run_none/steps", _body("c"))
     assert missing.status_code == 404
     assert orch.key_streams.count(key_id) == 0
