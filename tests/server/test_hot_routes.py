@@ -188,6 +188,7 @@ def _app(extra_header: bool = False, extra_dependency: bool = False) -> Any:
         async def submit_new(
             run_id: str,
             body: dict[str, Any],
+            accept: str | None = Header(None),
             x_new: str | None = Header(None),
             principal: Principal | None = WRITE,
         ) -> None:
@@ -197,7 +198,10 @@ def _app(extra_header: bool = False, extra_dependency: bool = False) -> Any:
 
         @app.post("/v1/runs/{run_id}/steps", dependencies=route_deps)
         async def submit(
-            run_id: str, body: dict[str, Any], principal: Principal | None = WRITE
+            run_id: str,
+            body: dict[str, Any],
+            accept: str | None = Header(None),
+            principal: Principal | None = WRITE,
         ) -> None:
             raise AssertionError("not called")
 

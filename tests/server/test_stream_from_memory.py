@@ -169,7 +169,7 @@ async def test_a_submission_that_fails_leaves_no_expected_channel(
     run_id = await make_run(live)
     with pytest.raises(RuntimeError):
         request = Request({"type": "http", "app": create_app(orchestrator=orch), "headers": []})
-        await routes.submit_step(run_id, body, request, principal=None)
+        await routes.submit_step(run_id, body, request, accept=None, principal=None)
     assert expected and orch.hub.known_step(expected[0]) is None
     r = await live.get(f"/v1/runs/{run_id}/steps")
     assert r.status_code == 200 and r.json() == []  # rolled back: nothing stored
