@@ -42,7 +42,7 @@ from orchestrator_core.policy import Decision, PolicyDenied, PolicySubject, Rule
 from orchestrator_core.pricing import Price
 from orchestratord import tracing
 from orchestratord.db.models import Flow, Run, Step
-from orchestratord.db.prepared import Prepared, Target, detached
+from orchestratord.db.prepared import Prepared, Target, detached, transient
 from orchestratord.metrics import Metrics
 from orchestratord.policies import policy_of
 from orchestratord.pools.registry import Pool, PoolRegistry, Replica
@@ -488,7 +488,8 @@ class Insert:
             step.replica_id = target.recorded.replica_id  # pinned: the dispatcher honours it
         started = self._claim(sub, step)
         # a Core insert of the whole row: the unit of work costs more than the insert
-        row = {c: getattr(step, c) for c in _STEP_COLUMNS}
+        held = step.__dict__  # the columns as set (build_step, the claim), past the descriptors
+        row = {c: held.get(c) for c in _STEP_COLUMNS}
         if on_conflict:  # PostgreSQL: a concurrent submission of the token committed first
             if await _INSERT_STEP_UNLESS_TOKEN.first(sub.db, row) is None:
                 await unreserve(sub.session, run_id=run_id, reservation=reservation)
@@ -543,37 +544,40 @@ def build_step(sub: Submission, *, position: int, reservation: Reservation | Non
     if cod is None:
         cod = sub.run.cancel_on_disconnect
     metered = reservation is not None and sub.kind.engine
-    return Step(
-        step_id=clock.new_id("step"),
-        run_id=sub.run_id,
-        position=position,
-        type=body.type,
-        client_token=body.client_token,
-        request_hash=sub.request_hash,
-        input=sub.stored,
-        budgets=body.budgets.model_dump() if body.budgets else None,
-        placement=sub.placement,
-        cancel_on_disconnect=sub.ctx.default_cancel_on_disconnect if cod is None else cod,
-        status=StepStatus.QUEUED.value,
-        priority=body.priority,
-        priority_rank=PRIORITY_RANK[body.priority],
-        max_tokens_granted=reservation.tokens_out if metered and reservation else None,
-        budget_clamped=reservation.clamped if reservation else False,
-        decode_seconds_granted=reservation.decode_seconds if reservation else None,
-        tokens_in_reserved=reservation.tokens_in if reservation else 0,
-        tokens_out_reserved=reservation.tokens_out if reservation else 0,
-        cost_reserved_usd=reservation.cost_usd if reservation else 0.0,
-        policy_decision={
-            "rule_id": sub.decision.rule_id,
-            "redactions": [r.rule_id for r in sub.decision.redactions],
-        },
-        cancel_requested=False,
-        attempts=0,
-        pool_id=sub.pool_id,
-        tokens_in=0,
-        tokens_out=0,
-        cost_usd=0.0,
-        created_at=clock.now(),
+    return transient(
+        Step,
+        dict(
+            step_id=clock.new_id("step"),
+            run_id=sub.run_id,
+            position=position,
+            type=body.type,
+            client_token=body.client_token,
+            request_hash=sub.request_hash,
+            input=sub.stored,
+            budgets=body.budgets.model_dump() if body.budgets else None,
+            placement=sub.placement,
+            cancel_on_disconnect=sub.ctx.default_cancel_on_disconnect if cod is None else cod,
+            status=StepStatus.QUEUED.value,
+            priority=body.priority,
+            priority_rank=PRIORITY_RANK[body.priority],
+            max_tokens_granted=reservation.tokens_out if metered and reservation else None,
+            budget_clamped=reservation.clamped if reservation else False,
+            decode_seconds_granted=reservation.decode_seconds if reservation else None,
+            tokens_in_reserved=reservation.tokens_in if reservation else 0,
+            tokens_out_reserved=reservation.tokens_out if reservation else 0,
+            cost_reserved_usd=reservation.cost_usd if reservation else 0.0,
+            policy_decision={
+                "rule_id": sub.decision.rule_id,
+                "redactions": [r.rule_id for r in sub.decision.redactions],
+            },
+            cancel_requested=False,
+            attempts=0,
+            pool_id=sub.pool_id,
+            tokens_in=0,
+            tokens_out=0,
+            cost_usd=0.0,
+            created_at=clock.now(),
+        ),
     )
 
 
