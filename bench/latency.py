@@ -22,6 +22,8 @@ Rows (each a ratio or a difference within this run):
   them: a row that keeps both cores busy is bound by the machine, not by waiting).
 * ``relay``: 20 streams x 1000 tokens: tokens per CPU-second of the relaying process.
 * ``sim_relay``: the same through ``serve --engine sim`` (no upstream HTTP at all).
+* with ``--pg``, the loaded row again against ``--pg-processes`` (2) processes serving one
+  PostgreSQL database, the streams spread over them, one request per step.
 * ``idle``: 10,000 idle run streams: RSS per stream and CPU share while idle
   (``bench/idle_followers.py``).
 
@@ -42,7 +44,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -156,11 +158,15 @@ _SSE = {"Accept": "text/event-stream"}
 
 
 class Target:
-    def __init__(self, name: str, stream: Stream, server: Server | None) -> None:
+    def __init__(
+        self, name: str, stream: Stream, server: Server | None, servers: Sequence[Server] = ()
+    ) -> None:
         self.name, self.stream, self.server = name, stream, server
+        self.servers = list(servers) if servers else ([server] if server else [])
 
     def cpu(self) -> float:
-        return (self.server.cpu_s() or 0.0) if self.server else 0.0
+        """CPU seconds of the serving processes so far."""
+        return sum(s.cpu_s() or 0.0 for s in self.servers)
 
 
 async def idle_ttft(t: Target, n: int) -> dict[str, float]:
@@ -301,23 +307,9 @@ async def orchestratord(
 ) -> dict[str, Any]:
     """The rows of one orchestratord server, run from the checkout ``tree``; with
     ``one_request``, also those a client submitting and following in one request sees."""
-    port = free_port()
-    argv = [sys.executable, "-m", "orchestratord", "serve", "--port", str(port)]
-    argv += ["--database-url", url, *engine_args]
-    full_env = server_env(env)
-    full_env["PYTHONPATH"] = str(tree)
-    server = Server(name, argv, full_env, port, tmp / f"{uuid.uuid4().hex}.log")
-    server.cwd = tree
-    await server.start(timeout_s=120)
+    server = await start_orchestratord(name, url, engine_args, env, tmp, tree)
     try:
-        async with httpx.AsyncClient(base_url=server.base_url, timeout=60) as c:
-            flow = (await c.post("/v1/flows", json={"ast": {"bench": "latency"}})).json()
-            runs = [
-                (await c.post(f"/v1/flows/{flow['flow_id']}/runs", json={"seed": i})).json()[
-                    "run_id"
-                ]
-                for i in range(max(a.streams, a.step_clients))
-            ]
+        runs = await make_runs(server.base_url, max(a.streams, a.step_clients))
         target = Target(name, orchestrated_stream(server.base_url, runs), server)
         single = orchestrated_stream(server.base_url, runs, one_request=True)
         if "--engine" in engine_args:  # the sim row: tokens per CPU-second only
@@ -333,6 +325,58 @@ async def orchestratord(
         return row
     finally:
         await server.stop()
+
+
+async def loaded_across(
+    name: str, url: str, n: int, env: dict[str, str], tmp: Path, a: Any
+) -> dict[str, Any]:
+    """The loaded row against ``n`` processes serving one PostgreSQL database: stream ``i``
+    is submitted to and followed on process ``i % n``, in one request."""
+    pools = ["--pools", str(tmp / "pools.yaml")]
+    servers: list[Server] = []
+    try:
+        for k in range(n):
+            servers.append(await start_orchestratord(f"{name} {k}", url, pools, env, tmp))
+        runs = await make_runs(servers[0].base_url, a.streams)
+        streams = [orchestrated_stream(s.base_url, runs, one_request=True) for s in servers]
+
+        async def across(c: httpx.AsyncClient, i: int, tokens: int) -> tuple[float, int]:
+            return await streams[i % n](c, i, tokens)
+
+        target = Target(name, across, None, servers)
+        loaded = [await concurrent(target, a.streams, a.loaded_tokens) for _ in range(a.repeat)]
+        row = {
+            k: statistics.median(r.get(k, 0.0) for r in loaded)
+            for k in ("ttft_p50_ms", "ttft_p99_ms", "wall_s", "cpu_s", "machine_busy_cores")
+        }
+        print(f"{name}\n  loaded {row}", flush=True)
+        return {"ttft_loaded": row}
+    finally:
+        for server in servers:
+            await server.stop()
+
+
+async def start_orchestratord(
+    name: str, url: str, args: list[str], env: dict[str, str], tmp: Path, tree: Path = ROOT
+) -> Server:
+    port = free_port()
+    argv = [sys.executable, "-m", "orchestratord", "serve", "--port", str(port)]
+    argv += ["--database-url", url, *args]
+    full_env = server_env(env)
+    full_env["PYTHONPATH"] = str(tree)
+    server = Server(name, argv, full_env, port, tmp / f"{uuid.uuid4().hex}.log")
+    server.cwd = tree
+    await server.start(timeout_s=120)
+    return server
+
+
+async def make_runs(base: str, n: int) -> list[str]:
+    async with httpx.AsyncClient(base_url=base, timeout=60) as c:
+        flow = (await c.post("/v1/flows", json={"ast": {"bench": "latency"}})).json()
+        return [
+            (await c.post(f"/v1/flows/{flow['flow_id']}/runs", json={"seed": i})).json()["run_id"]
+            for i in range(n)
+        ]
 
 
 async def start_engine(tmp: Path) -> tuple[Server, str]:
@@ -423,6 +467,11 @@ async def openai_rows(a: Any, upstream: str, tmp: Path, out: dict[str, Any]) -> 
             ),
             tmp,
         )
+    if a.pg and a.pg_processes > 1:
+        name = f"orchestratord PostgreSQL, {a.pg_processes} processes, one request per step"
+        out[name] = await on_database(
+            "PostgreSQL", a, lambda url: loaded_across(name, url, a.pg_processes, env, tmp, a), tmp
+        )
 
 
 def report(out: dict[str, Any]) -> str:
@@ -460,6 +509,10 @@ def report(out: dict[str, Any]) -> str:
             f"{st['cpu_ms_per_step']:.2f} ms | {st['steps_per_s']:.0f} | |"
         )
     for name, r in out.items():
+        if isinstance(r, dict) and "processes" in name:
+            addl = r["ttft_loaded"]["ttft_p99_ms"] - d["ttft_loaded"]["ttft_p99_ms"]
+            lines.append(f"| {name} | | {addl:.1f} ms | | | |")
+    for name, r in out.items():
         if isinstance(r, dict) and name.endswith("sim engine"):
             lines.append(f"| {name} | | | | | {r['relay']['tokens_per_cpu_s']:,.0f} |")
     for name, r in out.items():
@@ -495,6 +548,9 @@ def add_workload_args(ap: argparse.ArgumentParser, *, idle_probes: int) -> None:
     ap.add_argument("--relay-tokens", type=int, default=1000)
     ap.add_argument("--step-clients", type=int, default=16)
     ap.add_argument("--steps-per-client", type=int, default=25)
+    ap.add_argument(
+        "--pg-processes", type=int, default=2, help="the loaded row again on N processes (--pg)"
+    )
 
 
 def main() -> None:
