@@ -40,7 +40,7 @@ from sqlalchemy.pool import StaticPool
 
 from orchestratord.db import json_codec
 from orchestratord.db.inline_sqlite import InlineConnection, inline_creator, open_sqlite
-from orchestratord.db.prepared import DriverTx, PgTx, Target, asyncpg_adapter, end_on_asyncpg
+from orchestratord.db.prepared import DriverTx, PgTx, Target, asyncpg_adapter, commit_on_asyncpg
 
 SQLITE_BUSY_TIMEOUT_MS = 5_000
 SQLITE_PRAGMAS = (
@@ -178,9 +178,10 @@ class Database:
             expire_on_commit=False,
         )
         self._write_lock = WriteLock()
-        # PostgreSQL on asyncpg: connections held between session-less write transactions
+        # PostgreSQL on asyncpg: connections held between session-less write transactions,
+        # each with its asyncpg adapter
         self._pg_driver = self.dialect == "postgresql"
-        self._held: list[AsyncConnection] = []
+        self._held: list[tuple[AsyncConnection, Any]] = []
         self._held_max = max(1, pool_size // 2)
         # names this process's writes (PostgreSQL wake-ups skip what the process wrote itself)
         self.origin = uuid.uuid4().hex[:16]
@@ -230,8 +231,11 @@ class Database:
                 yield tx
             return
         if self._pg_driver:
-            conn = self._held.pop() if self._held else await self.engine.connect()
-            adapted = asyncpg_adapter(conn)
+            if self._held:
+                conn, adapted = self._held.pop()
+            else:
+                conn = await self.engine.connect()
+                adapted = asyncpg_adapter(conn)
             if adapted is not None:
                 async with self._pg_write_tx(conn, adapted) as tx:
                     yield tx
@@ -283,13 +287,13 @@ class Database:
             yield tx
             if tx.joined is not None:
                 await tx.joined.commit()  # flushes; commits what began on the session's side
-            await end_on_asyncpg(adapted, conn, commit=True)
+            await commit_on_asyncpg(adapted, conn)
             keep = not conn.invalidated and not conn.in_transaction()
         finally:
             if tx.joined is not None:
                 await tx.joined.close()
             if keep and len(self._held) < self._held_max:
-                self._held.append(conn)
+                self._held.append((conn, adapted))
             else:
                 await conn.close()
 
@@ -314,7 +318,7 @@ class Database:
 
     async def dispose(self) -> None:
         held, self._held = self._held, []
-        for conn in held:
+        for conn, _ in held:
             await conn.close()
         if self._write_engine is not None:
             await self._write_engine.dispose()

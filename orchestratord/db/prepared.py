@@ -311,19 +311,19 @@ async def run_on_asyncpg(
     raise wrapped
 
 
-async def end_on_asyncpg(adapted: Any, conn: AsyncConnection, *, commit: bool) -> None:
-    """COMMIT (or ROLLBACK) what ``run_on_asyncpg`` began, if it began anything; errors as
-    SQLAlchemy raises them (a refused deferred constraint, a lost connection)."""
+async def commit_on_asyncpg(adapted: Any, conn: AsyncConnection) -> None:
+    """COMMIT what ``run_on_asyncpg`` began, if it began anything; errors as SQLAlchemy raises
+    them (a refused deferred constraint, a lost connection). (A transaction that fails is
+    rolled back by the pool its connection goes back to.)"""
     async with adapted._execute_mutex:
         transaction = adapted._transaction
         if transaction is None:
             return
         try:  # the adapter forgets the transaction whether or not this succeeds
-            await adapted._call_and_discard(transaction.commit if commit else transaction.rollback)
+            await adapted._call_and_discard(transaction.commit)
             return
         except Exception as exc:
-            sql = "COMMIT" if commit else "ROLLBACK"
-            wrapped, disconnect = _translated(adapted, conn, sql, (), exc)
+            wrapped, disconnect = _translated(adapted, conn, "COMMIT", (), exc)
     if disconnect:
         await conn.invalidate(wrapped)
     raise wrapped
@@ -394,7 +394,6 @@ def transient(cls: type[_T], values: Mapping[str, Any]) -> _T:
 def detached(cls: type[_T], values: Mapping[str, Any]) -> _T:
     """An instance of a mapped class from a row's values (every column), as a closed session
     leaves what it loaded: detached, nothing pending."""
-    obj = class_mapper(cls).class_manager.new_instance()
-    obj.__dict__.update(values)
+    obj = transient(cls, values)
     make_transient_to_detached(obj)
     return obj
