@@ -81,7 +81,7 @@ async def answer_submission(
     if principal is not None:
         orch.rates.check_tokens(principal.key_id)
     if stream:
-        admit_stream(orch, None, principal)
+        admit_stream(orch, principal)
     try:
         async with orch.tx() as tx:
             done = await submit(tx, run_id=run_id, body=typed, ctx=orch.submit_context)

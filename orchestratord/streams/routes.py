@@ -67,10 +67,11 @@ def _admit(orch: Orchestrator, step_id: str | None) -> None:
         )
 
 
-def admit(orch: Orchestrator, step_id: str | None, principal: Principal | None) -> None:
-    """Refuse a stream past the process's and the key's limits, else count it as open
-    (before its follower subscribes); ``let_go`` if it is then not sent."""
-    _admit(orch, step_id)
+def admit(orch: Orchestrator, principal: Principal | None) -> None:
+    """A submission that answers with its step's stream: refuse the stream past the
+    process's and the key's limits before the step is made, else count it as open
+    (``let_go`` if it is then not sent)."""
+    _admit(orch, None)
     if principal is not None:
         orch.key_streams.open(principal.key_id)
 
@@ -85,11 +86,14 @@ def _response(
     principal: Principal | None,
     body: AsyncIterator[bytes],
     *,
+    counted: bool = False,
     status_code: int = 200,
     own_headers: Mapping[str, str] | None = None,
 ) -> EventStreamResponse:
-    """The stream of an admitted follower."""
+    """The stream, counted as one of the key's (``counted``: by ``admit`` already)."""
     if principal is not None:
+        if not counted:
+            orch.key_streams.open(principal.key_id)
         body = orch.key_streams.held(principal.key_id, body)
     return EventStreamResponse(
         body, headers=SSE_HEADERS, status_code=status_code, own_headers=own_headers
@@ -105,10 +109,12 @@ def submitted_step_stream(
     status_code: int,
     own_headers: Mapping[str, str],
 ) -> EventStreamResponse:
-    """A step's stream from its first event, as the answer to its submission (admitted
-    before it)."""
+    """A step's stream from its first event, as the answer to its submission (admitted by
+    ``admit`` before the step was made)."""
     body = follow_step(orch, step_id, 0, cancel_on_disconnect=cancel_on_disconnect)
-    return _response(orch, principal, body, status_code=status_code, own_headers=own_headers)
+    return _response(
+        orch, principal, body, counted=True, status_code=status_code, own_headers=own_headers
+    )
 
 
 @router.get("/v1/steps/{step_id}/stream", response_class=EventStreamResponse)
@@ -134,17 +140,13 @@ async def stream_step(
 async def answer_step_stream(
     orch: Orchestrator, step_id: str, start: int, principal: Principal | None
 ) -> EventStreamResponse:
-    admit(orch, step_id, principal)
-    try:
-        known = orch.hub.known_step(step_id)  # run here: the step exists, nothing to read
-        if known is not None and known.cancel_on_disconnect is not None:
-            cod = known.cancel_on_disconnect
-        else:
-            async with orch.db.read() as session:
-                cod = await cancel_on_disconnect(session, step_id=step_id)
-    except BaseException:
-        let_go(orch, principal)
-        raise
+    _admit(orch, step_id)
+    known = orch.hub.known_step(step_id)  # run here: the step exists, nothing to read
+    if known is not None and known.cancel_on_disconnect is not None:
+        cod = known.cancel_on_disconnect
+    else:
+        async with orch.db.read() as session:
+            cod = await cancel_on_disconnect(session, step_id=step_id)
     return _response(orch, principal, follow_step(orch, step_id, start, cancel_on_disconnect=cod))
 
 
@@ -160,11 +162,7 @@ async def stream_run(
 ) -> EventStreamResponse:
     orch: Orchestrator = request.app.state.orchestrator
     start = resume_from(last_event_id, after, raw_after=request.query_params.get("after"))
-    admit(orch, None, principal)
-    try:
-        async with orch.db.read() as session:
-            await get_run(session, run_id=run_id)
-    except BaseException:
-        let_go(orch, principal)
-        raise
+    _admit(orch, None)
+    async with orch.db.read() as session:
+        await get_run(session, run_id=run_id)
     return _response(orch, principal, follow_run(orch, run_id, start))
