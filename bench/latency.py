@@ -236,15 +236,26 @@ async def steps(t: Target, clients_n: int, per_client: int) -> dict[str, float]:
     return out
 
 
+_LOADED = ("ttft_p50_ms", "ttft_p99_ms", "wall_s", "cpu_s", "machine_busy_cores")
+
+
+async def loaded_rounds(t: Target, a: argparse.Namespace) -> dict[str, float]:
+    """The loaded row, ``a.repeat`` rounds, each figure's median."""
+    rounds = [await concurrent(t, a.streams, a.loaded_tokens) for _ in range(a.repeat)]
+    return {k: statistics.median(r.get(k, 0.0) for r in rounds) for k in _LOADED}
+
+
+async def steps_rounds(t: Target, a: argparse.Namespace) -> dict[str, float]:
+    """The steps row, ``a.repeat`` rounds, each figure's median."""
+    rounds = [await steps(t, a.step_clients, a.steps_per_client) for _ in range(a.repeat)]
+    return {k: statistics.median(r[k] for r in rounds) for k in rounds[0]}
+
+
 async def run_rows(t: Target, a: argparse.Namespace) -> dict[str, Any]:
     print(f"{t.name}", flush=True)
     row: dict[str, Any] = {"ttft_idle": await idle_ttft(t, a.idle_probes)}
     print(f"  idle {row['ttft_idle']}", flush=True)
-    loaded = [await concurrent(t, a.streams, a.loaded_tokens) for _ in range(a.repeat)]
-    row["ttft_loaded"] = {
-        k: statistics.median(r.get(k, 0.0) for r in loaded)
-        for k in ("ttft_p50_ms", "ttft_p99_ms", "wall_s", "cpu_s", "machine_busy_cores")
-    }
+    row["ttft_loaded"] = await loaded_rounds(t, a)
     print(f"  loaded {row['ttft_loaded']}", flush=True)
     if t.server is not None:
         runs = [await concurrent(t, a.relay_streams, a.relay_tokens) for _ in range(a.repeat)]
@@ -252,8 +263,7 @@ async def run_rows(t: Target, a: argparse.Namespace) -> dict[str, Any]:
             k: statistics.median(r[k] for r in runs) for k in ("tokens_per_s", "tokens_per_cpu_s")
         }
         print(f"  relay {row['relay']}", flush=True)
-        rounds = [await steps(t, a.step_clients, a.steps_per_client) for _ in range(a.repeat)]
-        row["steps"] = {k: statistics.median(r[k] for r in rounds) for k in rounds[0]}
+        row["steps"] = await steps_rounds(t, a)
         print(f"  steps {row['steps']}", flush=True)
     return row
 
@@ -261,14 +271,11 @@ async def run_rows(t: Target, a: argparse.Namespace) -> dict[str, Any]:
 async def one_request_rows(t: Target, a: argparse.Namespace) -> dict[str, Any]:
     """Idle and loaded TTFT and steps again, each step submitted and followed in one
     request."""
-    row: dict[str, Any] = {"ttft_idle": await idle_ttft(t, a.idle_probes)}
-    loaded = [await concurrent(t, a.streams, a.loaded_tokens) for _ in range(a.repeat)]
-    row["ttft_loaded"] = {
-        k: statistics.median(r.get(k, 0.0) for r in loaded)
-        for k in ("ttft_p50_ms", "ttft_p99_ms", "wall_s", "cpu_s", "machine_busy_cores")
+    row: dict[str, Any] = {
+        "ttft_idle": await idle_ttft(t, a.idle_probes),
+        "ttft_loaded": await loaded_rounds(t, a),
+        "steps": await steps_rounds(t, a),
     }
-    rounds = [await steps(t, a.step_clients, a.steps_per_client) for _ in range(a.repeat)]
-    row["steps"] = {k: statistics.median(r[k] for r in rounds) for k in rounds[0]}
     for name in ("ttft_idle", "ttft_loaded", "steps"):
         print(f"  one request: {name} {row[name]}", flush=True)
     return row
@@ -343,12 +350,7 @@ async def loaded_across(
         async def across(c: httpx.AsyncClient, i: int, tokens: int) -> tuple[float, int]:
             return await streams[i % n](c, i, tokens)
 
-        target = Target(name, across, None, servers)
-        loaded = [await concurrent(target, a.streams, a.loaded_tokens) for _ in range(a.repeat)]
-        row = {
-            k: statistics.median(r.get(k, 0.0) for r in loaded)
-            for k in ("ttft_p50_ms", "ttft_p99_ms", "wall_s", "cpu_s", "machine_busy_cores")
-        }
+        row = await loaded_rounds(Target(name, across, None, servers), a)
         print(f"{name}\n  loaded {row}", flush=True)
         return {"ttft_loaded": row}
     finally:
