@@ -63,6 +63,12 @@ async def _statuses(db: Database) -> dict[str, str]:
         return {r.run_id: r.status for r in (await session.execute(sa.select(Run))).scalars()}
 
 
+async def _both_or_neither(db: Database, failed: bool, *run_ids: str) -> None:
+    """The runs were all set cancelling in one transaction: all kept, or none if it failed."""
+    expected = "running" if failed else "cancelling"
+    assert await _statuses(db) == dict.fromkeys(run_ids, expected)
+
+
 async def _seed(db: Database, *runs: Run) -> None:
     async with db.write() as session:
         session.add(
@@ -186,9 +192,7 @@ async def test_postgresql_statements_join_the_sessions_transaction(db: Database)
                 assert await _RUNNING_BY_ID.rows(session, {"id": "run_p"}) == []
                 if fail:
                     raise RuntimeError("abort")
-        statuses = await _statuses(db)
-        expected = "running" if fail else "cancelling"
-        assert statuses == {"run_o": expected, "run_p": expected}
+        await _both_or_neither(db, fail, "run_o", "run_p")
 
 
 async def test_postgresql_refusals_are_sqlalchemys_errors(db: Database) -> None:
@@ -279,9 +283,7 @@ async def test_a_session_joins_the_driver_transaction_and_both_commit_or_roll_ba
                 assert await _RUNNING_BY_ID.rows(tx.target, {"id": "run_l"}) == []
                 if fail:
                     raise RuntimeError("abort")
-        statuses = await _statuses(db)
-        expected = "running" if fail else "cancelling"
-        assert statuses == {"run_k": expected, "run_l": expected}
+        await _both_or_neither(db, fail, "run_k", "run_l")
 
 
 async def test_a_transaction_of_prepared_statements_makes_no_session(db: Database) -> None:
