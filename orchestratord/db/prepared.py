@@ -29,7 +29,10 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from sqlalchemy.orm import Session, SessionTransaction, class_mapper, make_transient_to_detached
-from sqlalchemy.sql import Executable
+from sqlalchemy.sql import Executable, Select
+from sqlalchemy.sql.dml import UpdateBase
+from sqlalchemy.sql.selectable import CTE
+from sqlalchemy.sql.visitors import iterate
 
 from orchestratord.db.inline_sqlite import InlineConnection
 
@@ -110,18 +113,39 @@ class DriverTx:
     dialect: Dialect
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class PgTx:
     """A PostgreSQL write transaction run on asyncpg itself (no session), under a connection
-    the process holds (``Database.write_tx``); ``origin`` names the process's writes."""
+    the process holds (``Database.write_tx``); ``origin`` names the process's writes.
+
+    Its transaction begins at its first statement that writes or locks: a plain ``SELECT``
+    before it runs on its own, as under READ COMMITTED every statement reads its own snapshot
+    anyway (no round trip for ``BEGIN`` ahead of reads). A write that is the transaction's
+    last statement may run alone, with no ``BEGIN`` or ``COMMIT`` at all, when nothing began
+    before it (``Prepared.rows(alone=True)``); the transaction is then over (``ended``)."""
 
     conn: AsyncConnection
     asyncpg: Any  # SQLAlchemy's adapter of the asyncpg connection (``_ADAPTER_API``)
     origin: str
+    ended: bool = False
 
     @property
     def dialect(self) -> Dialect:
         return self.conn.dialect
+
+    @property
+    def begun(self) -> bool:
+        return self.asyncpg._transaction is not None
+
+    def check_open(self) -> None:
+        if self.ended:
+            raise RuntimeError("this transaction ended with a statement run alone")
+
+
+def can_run_alone(target: Target) -> bool:
+    """A statement run on ``target`` with ``alone=True`` would commit by itself: a PostgreSQL
+    transaction on asyncpg in which nothing has begun (nor a session joined)."""
+    return isinstance(target, PgTx) and not target.begun and not target.ended
 
 
 # where a prepared statement runs: a session's transaction, or a driver's alone
@@ -156,11 +180,12 @@ async def _route(target: Target) -> _Route:
 class Prepared:
     """A Core statement of a hot path (see the module's docstring)."""
 
-    __slots__ = ("_compiled", "stmt")
+    __slots__ = ("_compiled", "reads", "stmt")
 
     def __init__(self, stmt: Executable) -> None:
         self.stmt = stmt
         self._compiled: dict[str, _Compiled] = {}  # by dialect name
+        self.reads = _reads_only(stmt)  # ``PgTx`` runs it before BEGIN
 
     def compiled(self, dialect: Dialect) -> _Compiled:
         compiled = self._compiled.get(dialect.name)
@@ -169,8 +194,11 @@ class Prepared:
         return compiled
 
     async def rows(
-        self, target: Target, params: Mapping[str, Any] | None = None
+        self, target: Target, params: Mapping[str, Any] | None = None, *, alone: bool = False
     ) -> list[tuple[Any, ...]]:
+        """The statement's rows. ``alone``: the caller writes nothing more in this
+        transaction; where nothing has begun in it (``can_run_alone``) the statement runs on
+        its own and commits by itself, and the transaction is over."""
         route = await _route(target)
         compiled = self.compiled(route.dialect)
         if route.sqlite is not None:
@@ -180,7 +208,16 @@ class Prepared:
         assert route.conn is not None
         if route.asyncpg is not None:  # on asyncpg itself, in the target's transaction
             bound = compiled.bound(params or {})
-            records, columns = await run_on_asyncpg(route.asyncpg, route.conn, compiled.sql, bound)
+            begin = True
+            if isinstance(target, PgTx):
+                target.check_open()
+                begin = target.begun or not (self.reads or alone)
+            records, columns = await run_on_asyncpg(
+                route.asyncpg, route.conn, compiled.sql, bound, begin=begin
+            )
+            if alone and not begin:
+                assert isinstance(target, PgTx)
+                target.ended = True
             if compiled.results is None:
                 compiled.results = compiled.typed([c.type.oid for c in columns])
             return compiled.convert(records)
@@ -189,10 +226,20 @@ class Prepared:
         return [tuple(row) for row in result.all()] if result.returns_rows else []
 
     async def first(
-        self, target: Target, params: Mapping[str, Any] | None = None
+        self, target: Target, params: Mapping[str, Any] | None = None, *, alone: bool = False
     ) -> tuple[Any, ...] | None:
-        rows = await self.rows(target, params)
+        rows = await self.rows(target, params, alone=alone)
         return rows[0] if rows else None
+
+
+def _reads_only(stmt: Executable) -> bool:
+    """A SELECT that writes nothing and locks nothing: no FOR UPDATE, no INSERT, UPDATE or
+    DELETE in a WITH. (A SELECT of a function that writes or locks, an advisory lock, must
+    not be prepared: it would run outside the transaction.)"""
+    if not isinstance(stmt, Select) or stmt._for_update_arg is not None:
+        return False
+    ctes = [*stmt._independent_ctes, *(e for e in iterate(stmt) if isinstance(e, CTE))]
+    return not any(isinstance(cte.element, UpdateBase) for cte in ctes)
 
 
 async def driver_sql(
@@ -206,6 +253,8 @@ async def driver_sql(
         return run_on_driver(route.sqlite, sql, params, many=many)
     assert route.conn is not None
     if route.asyncpg is not None:
+        if isinstance(target, PgTx):
+            target.check_open()
         records, _ = await run_on_asyncpg(route.asyncpg, route.conn, sql, params, many=many)
         return [tuple(r) for r in records]
     result = await route.conn.exec_driver_sql(sql, params)
@@ -289,15 +338,21 @@ _ADAPTER_API = (
 
 
 async def run_on_asyncpg(
-    adapted: Any, conn: AsyncConnection, sql: str, params: Any, *, many: bool = False
+    adapted: Any,
+    conn: AsyncConnection,
+    sql: str,
+    params: Any,
+    *,
+    many: bool = False,
+    begin: bool = True,
 ) -> tuple[list[Any], Any]:
     """SQL in asyncpg's paramstyle on the asyncpg connection under ``conn``, inside its
-    transaction (begun here as SQLAlchemy's cursor would begin it): its records and its
-    columns' attributes. Errors are raised as SQLAlchemy raises them, and a connection lost
-    is invalidated."""
+    transaction (begun here as SQLAlchemy's cursor would begin it, unless ``begin`` is false:
+    then, where none has begun, on its own): its records and its columns' attributes. Errors
+    are raised as SQLAlchemy raises them, and a connection lost is invalidated."""
     async with adapted._execute_mutex:
         try:
-            if adapted._transaction is None:
+            if begin and adapted._transaction is None:
                 await adapted._start_transaction()
             if many:
                 await adapted._connection.executemany(sql, params)

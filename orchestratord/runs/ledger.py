@@ -65,7 +65,8 @@ async def read_ledger(session: AsyncSession, *, run_id: str) -> Ledger:
 
 _RUNS = cast(sa.Table, Run.__table__)  # Core statements: no ORM bulk-update pass
 _NO_LIMIT = 2**62  # stands for an unset limit, so one prepared statement serves every run
-_RESERVE = Prepared(
+# the conditional UPDATE of ``reserve`` (parameters: ``reserve_params``; its row: ``reserved``)
+RESERVE = (
     _RUNS.update()
     .where(
         _RUNS.c.run_id == sa.bindparam("b_run_id"),
@@ -97,6 +98,26 @@ _RESERVE = Prepared(
         _RUNS.c.cost_reserved_usd,
     )
 )
+_RESERVE = Prepared(RESERVE)
+
+
+def reserve_params(run_id: str, limits: Limits, reservation: Reservation) -> dict[str, Any]:
+    """The parameters of ``RESERVE`` for this reservation under the run's limits."""
+    return {
+        "b_run_id": run_id,
+        "tokens_in": reservation.tokens_in,
+        "tokens_out": reservation.tokens_out,
+        "cost": reservation.cost_usd,
+        "max_in": _NO_LIMIT if limits.max_tokens_in is None else limits.max_tokens_in,
+        "max_out": _NO_LIMIT if limits.max_tokens_out is None else limits.max_tokens_out,
+        "max_cost": float(_NO_LIMIT) if limits.max_cost_usd is None else limits.max_cost_usd + 1e-9,
+        "b_now": clock.now(),
+    }
+
+
+def reserved(row: tuple[Any, ...]) -> tuple[int, Ledger]:
+    """``RESERVE``'s row: the step's position and the run's ledger after the reservation."""
+    return row[0] - 1, Ledger(*row[1:7])
 
 
 async def reserve(
@@ -108,20 +129,8 @@ async def reserve(
     processes racing for the last tokens cannot both win, whatever they read before. Returns
     (position, the run's ledger after it), or None when it no longer fits.
     """
-    params = {
-        "b_run_id": run_id,
-        "tokens_in": reservation.tokens_in,
-        "tokens_out": reservation.tokens_out,
-        "cost": reservation.cost_usd,
-        "max_in": _NO_LIMIT if limits.max_tokens_in is None else limits.max_tokens_in,
-        "max_out": _NO_LIMIT if limits.max_tokens_out is None else limits.max_tokens_out,
-        "max_cost": float(_NO_LIMIT) if limits.max_cost_usd is None else limits.max_cost_usd + 1e-9,
-        "b_now": clock.now(),
-    }
-    row = await _RESERVE.first(target, params)
-    if row is None:
-        return None
-    return row[0] - 1, Ledger(*row[1:])
+    row = await _RESERVE.first(target, reserve_params(run_id, limits, reservation))
+    return None if row is None else reserved(row)
 
 
 _UNRESERVE = (

@@ -15,7 +15,15 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from orchestratord.db.engine import Database
 from orchestratord.db.models import Flow, Run
-from orchestratord.db.prepared import PgTx, Prepared, Target, detached, driver_sql, sqlite_driver
+from orchestratord.db.prepared import (
+    PgTx,
+    Prepared,
+    Target,
+    can_run_alone,
+    detached,
+    driver_sql,
+    sqlite_driver,
+)
 from orchestratord.tx import Tx
 
 _RUNS = cast(sa.Table, Run.__table__)
@@ -431,3 +439,100 @@ async def test_a_kept_connection_whose_backend_died_is_dropped_at_its_first_erro
         assert await _backend_pid(tx) != pid
         await _SET_STATUS.rows(tx, {"id": "run_x", "s": "completed"})
     assert await _statuses(db) == {"run_x": "completed"}
+
+
+_RUN_FOR_UPDATE = Prepared(
+    sa.select(_RUNS.c.run_id).where(_RUNS.c.run_id == sa.bindparam("id")).with_for_update()
+)
+_TOUCHED = _RUNS.update().where(_RUNS.c.run_id == sa.bindparam("id")).values(step_count=5)
+_SELECT_OVER_UPDATE = Prepared(  # a SELECT whose WITH writes
+    sa.select(sa.literal(1)).add_cte(_TOUCHED.returning(_RUNS.c.run_id).cte("touched"))
+)
+
+
+def test_only_plain_selects_count_as_reads() -> None:
+    assert _RUN_BY_ID.reads and _RUNNING_BY_ID.reads
+    assert not _RUN_FOR_UPDATE.reads  # it locks
+    assert not _SELECT_OVER_UPDATE.reads  # it writes
+    assert not _SET_STATUS.reads and not _TOUCH.reads
+
+
+@_PG_ONLY
+async def test_postgresql_reads_ahead_of_the_first_write_begin_no_transaction(
+    db: Database,
+) -> None:
+    """A plain SELECT before anything was written runs on its own (no BEGIN round trip: under
+    READ COMMITTED it would read its own snapshot anyway); a write, a locking read or a SELECT
+    that writes begins the transaction, and every statement after it runs inside."""
+    await _seed(db, _run("run_r1"), _run("run_r2"))
+    for beginning in (_SET_STATUS, _RUN_FOR_UPDATE, _SELECT_OVER_UPDATE):
+        async with db.driver_write() as tx:
+            assert isinstance(tx, PgTx)
+            assert (await _RUN_BY_ID.first(tx, {"id": "run_r1"})) is not None
+            assert not tx.begun and await _busy_backends(db) == []
+            await beginning.rows(tx, {"id": "run_r2", "s": "cancelling"})
+            assert tx.begun
+            assert await _busy_backends(db) != []  # idle in its transaction
+            if beginning is _SET_STATUS:
+                assert await _statuses(db) == {"run_r1": "running", "run_r2": "running"}
+                assert await _RUNNING_BY_ID.rows(tx, {"id": "run_r2"}) == []  # its own write
+    assert await _statuses(db) == {"run_r1": "running", "run_r2": "cancelling"}
+    async with db.read() as session:
+        assert (await session.get(Run, "run_r2")).step_count == 5  # type: ignore[union-attr]
+
+
+@_PG_ONLY
+async def test_a_postgresql_statement_run_alone_commits_by_itself_and_ends_its_transaction(
+    db: Database,
+) -> None:
+    await _seed(db, _run("run_a1"))
+    async with db.write_tx() as on:
+        assert not isinstance(on, AsyncSession)
+        tx = on.driver
+        assert isinstance(tx, PgTx)
+        await _RUN_BY_ID.rows(tx, {"id": "run_a1"})
+        assert can_run_alone(tx)
+        pid = tx.asyncpg._connection.get_server_pid()  # (no statement: driver_sql begins)
+        await _SET_STATUS.rows(tx, {"id": "run_a1", "s": "cancelling"}, alone=True)
+        assert await _statuses(db) == {"run_a1": "cancelling"}  # committed before the block ends
+        assert not can_run_alone(tx) and not tx.begun
+        with pytest.raises(RuntimeError, match="ended"):
+            await _SET_STATUS.rows(tx, {"id": "run_a1", "s": "completed"})
+        with pytest.raises(RuntimeError, match="ended"):
+            await driver_sql(tx, "SELECT 1", ())
+        with pytest.raises(RuntimeError, match="ended"):
+            _ = on.session  # a session would begin what the transaction no longer holds
+    assert await _statuses(db) == {"run_a1": "cancelling"}
+    async with db.driver_write() as again:  # its connection was kept for the next one
+        assert await _backend_pid(again) == pid
+
+
+@_PG_ONLY
+async def test_a_postgresql_statement_run_alone_that_fails_writes_nothing_and_ends_nothing(
+    db: Database,
+) -> None:
+    await _seed(db, _run("run_a2"), _run("run_a3"))
+    async with db.driver_write() as tx:
+        assert isinstance(tx, PgTx)
+        with pytest.raises(sa.exc.IntegrityError):
+            await _RENAME.rows(tx, {"id": "run_a3", "to": "run_a2"}, alone=True)
+        assert can_run_alone(tx)  # nothing began: the transaction goes on
+        await _SET_STATUS.rows(tx, {"id": "run_a3", "s": "cancelling"})
+    assert await _statuses(db) == {"run_a2": "running", "run_a3": "cancelling"}
+
+
+async def test_a_statement_asked_to_run_alone_after_a_write_runs_in_the_transaction(
+    db: Database,
+) -> None:
+    """Where something was written first (or on SQLite, where a round trip costs nothing),
+    ``alone`` changes nothing: the statement commits, or rolls back, with the transaction."""
+    await _seed(db, _run("run_a4"), _run("run_a5"))
+    for fail in (True, False):
+        with contextlib.suppress(RuntimeError):
+            async with db.driver_write() as tx:
+                await _SET_STATUS.rows(tx, {"id": "run_a4", "s": "cancelling"})
+                assert not can_run_alone(tx)
+                await _SET_STATUS.rows(tx, {"id": "run_a5", "s": "cancelling"}, alone=True)
+                if fail:
+                    raise RuntimeError("abort")
+        await _both_or_neither(db, fail, "run_a4", "run_a5")

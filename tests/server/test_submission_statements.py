@@ -1,8 +1,10 @@
 """A submission's statements: each costs a round trip and its share of the request's CPU,
 so the rules share what they read. An engine step that starts with its submission runs four:
 the run with the step its token made (if any), whether a step waits ahead in its pool, the
-reservation, the insert; it takes no admission lock (it never waits in the queue) and, on
-PostgreSQL, no savepoint (its insert gives way to a concurrent submission of its token)."""
+reservation, the insert; it takes no admission lock (it never waits in the queue) and no
+savepoint. On PostgreSQL that is three round trips in all: the two reads on their own, then
+the reservation and the insert as one statement that commits by itself (no BEGIN, no
+COMMIT)."""
 
 from __future__ import annotations
 
@@ -14,7 +16,9 @@ import httpx
 import pytest
 from sqlalchemy import event
 
+from orchestratord.db import engine as db_engine
 from orchestratord.db import prepared
+from orchestratord.db.models import Run, Step
 from orchestratord.runtime import Orchestrator
 from tests.helpers import make_run, submit, wait_status
 
@@ -35,7 +39,7 @@ class Statements:
 
     def traced(self, statement: str) -> None:
         text = " ".join(statement.split())
-        if self.open and text.split(" ", 1)[0] in ("SELECT", "INSERT", "UPDATE", "DELETE"):
+        if self.open and text.split(" ", 1)[0] in ("SELECT", "INSERT", "UPDATE", "DELETE", "WITH"):
             self.seen.append(text[:70])
         elif self.open and text.startswith("SAVEPOINT"):
             self.savepoints += 1
@@ -61,14 +65,22 @@ def statements(orch: Orchestrator, monkeypatch: pytest.MonkeyPatch) -> Iterator[
             writer.set_trace_callback(None)
         return
     # PostgreSQL: the hot statements run on asyncpg directly (db/prepared.py), the others
-    # through SQLAlchemy's execution
-    real = prepared.run_on_asyncpg
+    # through SQLAlchemy's execution; their BEGIN and COMMIT are round trips of their own
+    real, real_commit = prepared.run_on_asyncpg, prepared.commit_on_asyncpg
 
     async def traced(adapted: Any, conn: Any, sql: str, params: Any, **kw: Any) -> Any:
+        if counter.open and kw.get("begin", True) and adapted._transaction is None:
+            counter.seen.append("BEGIN")
         counter.traced(sql)
         return await real(adapted, conn, sql, params, **kw)
 
+    async def committed(adapted: Any, conn: Any) -> None:
+        if counter.open and adapted._transaction is not None:
+            counter.seen.append("COMMIT")
+        await real_commit(adapted, conn)
+
     monkeypatch.setattr(prepared, "run_on_asyncpg", traced)
+    monkeypatch.setattr(db_engine, "commit_on_asyncpg", committed)
     event.listen(engine, "before_cursor_execute", counter.statement)
     event.listen(engine, "commit", counter.commit)
     try:
@@ -88,11 +100,24 @@ async def test_an_engine_step_is_submitted_in_four_statements(
     statements.start()
     r = await submit(client, run_id, token="a", max_tokens=2)
     assert r.status_code == 202 and r.json()["status"] == "running", r.text
-    assert len(statements.seen) == 4, statements.seen
+    seen = statements.seen
     assert statements.savepoints == 0
-    assert statements.seen[0].startswith("SELECT runs.run_id")
-    assert statements.seen[-1].startswith("INSERT INTO steps")
+    assert seen[0].startswith("SELECT runs.run_id"), seen
+    if orch.db.is_sqlite:
+        assert len(seen) == 4, seen
+        assert seen[-1].startswith("INSERT INTO steps")
+    else:  # three round trips, the last one committing the step
+        assert len(seen) == 3, seen
+        assert seen[1].startswith("SELECT EXISTS"), seen
+        assert seen[2].startswith("WITH reserved AS (UPDATE runs"), seen
     await wait_status(client, r.json()["step_id"], "succeeded")
+    async with orch.db.read() as session:  # what was reserved, and where the step stands
+        run = await session.get(Run, run_id)
+        step = await session.get(Step, r.json()["step_id"])
+    assert run is not None and step is not None
+    assert (step.position, run.step_count) == (1, 2)
+    assert step.tokens_out_reserved == 2 and run.tokens_out_reserved == 0  # settled
+    assert (step.status, step.attempts, step.replica_id) == ("succeeded", 1, "r0")
 
 
 async def test_a_repeated_token_answers_with_its_first_step(
