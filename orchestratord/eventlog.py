@@ -88,12 +88,10 @@ _RUNS = cast(sa.Table, Run.__table__)
 MAX_SPAN = 256
 
 # Prepared once: Core statements skip the ORM's per-row bulk machinery on the hot path.
-_INSERT_SQL = {
-    "qmark": "INSERT INTO events (run_id, run_seq, step_id, seq, type, data, span) "
-    "VALUES (?, ?, ?, ?, ?, ?, ?)",
-    "numeric_dollar": "INSERT INTO events (run_id, run_seq, step_id, seq, type, data, span) "
-    "VALUES ($1, $2, $3, $4, $5, $6, $7)",
-}
+_INSERT_SQL = (  # SQLite
+    "INSERT INTO events (run_id, run_seq, step_id, seq, type, data, span) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?)"
+)
 _TAKE_RUN_SEQ = Prepared(
     _RUNS.update()
     .where(_RUNS.c.run_id == sa.bindparam("b_run_id"))
@@ -109,33 +107,44 @@ def _marks(style: str, first: int, n: int) -> list[str]:
 
 
 @functools.lru_cache(maxsize=64)
-def _take_run_seqs_sql(style: str, n: int, notify: bool = False) -> str:
-    """Take cursors for ``n`` runs at once: (run_id, count) pairs, then the n run ids, then
-    (``notify``, PostgreSQL) the wake-up's channel and payload: sent by the same statement,
-    not a round trip of its own (once per row, which PostgreSQL delivers once: identical
-    notifications of one transaction are folded).
+def _take_run_seqs_sql(n: int) -> str:
+    """SQLite: take cursors for ``n`` runs at once: (run_id, count) pairs, then the n run
+    ids.
 
     Driver SQL: an expression built for every commit (a CASE of n branches, its parameters,
     its cache key) costs more than the statement itself."""
-    marks = _marks(style, 1, 3 * n + (2 if notify else 0))
-    # the count typed: PostgreSQL would infer a CASE of untyped parameters as text
-    whens = " ".join(
-        f"WHEN {marks[2 * i]} THEN CAST({marks[2 * i + 1]} AS BIGINT)" for i in range(n)
-    )
+    marks = _marks("qmark", 1, 3 * n)
+    whens = " ".join(f"WHEN {marks[2 * i]} THEN {marks[2 * i + 1]}" for i in range(n))
     ids = ", ".join(marks[2 * n : 3 * n])
-    wake = f", pg_notify({marks[3 * n]}, {marks[3 * n + 1]})" if notify else ""
     return (
         f"UPDATE runs SET event_seq = event_seq + CASE run_id {whens} END "
-        f"WHERE run_id IN ({ids}) RETURNING run_id, event_seq{wake}"
+        f"WHERE run_id IN ({ids}) RETURNING run_id, event_seq"
     )
 
 
-@functools.lru_cache(maxsize=64)
-def _lock_runs_sql(style: str, n: int) -> str:
-    """PostgreSQL: the runs' rows locked in run_id order before the update (no deadlock
-    between two writers' updates, which would lock them in the order the scan finds them)."""
-    ids = ", ".join(_marks(style, 1, n))
-    return f"SELECT run_id FROM runs WHERE run_id IN ({ids}) ORDER BY run_id FOR NO KEY UPDATE"
+# PostgreSQL: a batch in one statement, whatever its runs: their rows locked in run_id order
+# (no deadlock between two processes' writers, whose updates would otherwise lock them in the
+# order their scans find them), their cursors taken, the events inserted at the cursors taken
+# (each row's ``run_seq`` sent as its offset in its run's part of the batch), and the wake-up
+# sent (once per run; PostgreSQL folds identical notifications of a transaction into one).
+# One round trip where there were four, and with nothing else in its transaction, no BEGIN
+# or COMMIT either (``alone``).
+_PG_APPEND = (
+    "WITH locked AS MATERIALIZED (SELECT run_id FROM runs WHERE run_id = ANY($1::varchar[])"
+    " ORDER BY run_id FOR NO KEY UPDATE),"
+    " taken AS (UPDATE runs SET event_seq = runs.event_seq + c.n"
+    " FROM unnest($1::varchar[], $2::bigint[]) AS c(run_id, n)"
+    " WHERE runs.run_id = c.run_id AND runs.run_id IN (SELECT run_id FROM locked)"
+    " RETURNING runs.run_id, runs.event_seq - c.n AS base, runs.event_seq AS top),"
+    " inserted AS (INSERT INTO events (run_id, run_seq, step_id, seq, type, data, span)"
+    " SELECT e.run_id, t.base + e.k, e.step_id, e.seq, e.type, e.data, e.span"
+    " FROM unnest($3::varchar[], $4::bigint[], $5::varchar[], $6::bigint[], $7::varchar[],"
+    " $8::text[], $9::int[]) AS e(run_id, k, step_id, seq, type, data, span)"
+    " JOIN taken t ON t.run_id = e.run_id)"
+    " SELECT run_id, top{wake} FROM taken"
+)
+_PG_APPEND_SQL = _PG_APPEND.format(wake="")
+_PG_APPEND_WAKE_SQL = _PG_APPEND.format(wake=", pg_notify($10, $11)")
 
 
 # PostgreSQL: every transaction that appends events also NOTIFYs this channel with the keys it
@@ -189,40 +198,66 @@ def _rows(events: list[LogEvent]) -> list[tuple[Any, ...]]:
     return rows
 
 
-async def insert_events(target: Target, events: Sequence[LogEvent]) -> list[LogEvent]:
+async def insert_events(
+    target: Target, events: Sequence[LogEvent], *, alone: bool = False
+) -> list[LogEvent]:
     """Append ``events`` in this transaction (a session's, or a driver's alone),
     assigning their run cursors; returns them in run-cursor order (each run's grouped by
-    step), the order to publish them in."""
+    step), the order to publish them in. ``alone``: nothing else is written in this
+    transaction after them (``Prepared.rows``)."""
     per_run: dict[str, list[LogEvent]] = defaultdict(list)
     for ev in events:
         per_run[ev.run_id].append(ev)
     runs = sorted(per_run)  # a fixed lock order: no deadlock between writers
-    dialect = dialect_of(target)
-    origin = origin_of(target)
-    notify = origin is not None and dialect.name == "postgresql"
-    if len(runs) == 1 and not notify:
-        take = {"b_run_id": runs[0], "b_count": len(per_run[runs[0]])}
-        tops = {runs[0]: (await _TAKE_RUN_SEQ.rows(target, take))[0][0]}
-    else:  # one statement for every run in the batch, its text made once per run count
-        style, n = dialect.paramstyle, len(runs)
-        if dialect.name == "postgresql" and n > 1:
-            await driver_sql(target, _lock_runs_sql(style, n), tuple(runs))
-        params = tuple(x for r in runs for x in (r, len(per_run[r]))) + tuple(runs)
-        if notify:
-            assert origin is not None
-            params += (WAKE_CHANNEL, wake_payload(origin, events))
-        rows = await driver_sql(target, _take_run_seqs_sql(style, n, notify), params)
-        tops = {row[0]: row[1] for row in rows}
     ordered: list[LogEvent] = []
     for run_id in runs:
         batch = _by_step(per_run[run_id])
-        first = tops[run_id] - len(batch)
         for offset, ev in enumerate(batch):
-            ev.run_seq = first + offset
+            ev.run_seq = offset  # in its run's part of the batch, until cursors are taken
         ordered.extend(batch)
-    # The driver's own executemany with plain tuples: per row, no parameter processing.
-    await driver_sql(target, _INSERT_SQL[dialect.paramstyle], _rows(ordered), many=True)
+    if dialect_of(target).name == "postgresql":
+        bases = await _append_on_postgresql(target, runs, per_run, ordered, alone=alone)
+    else:
+        bases = await _take_cursors(target, runs, per_run)
+        rows = [(r[0], bases[r[0]] + r[1], *r[2:]) for r in _rows(ordered)]
+        # the driver's own executemany with plain tuples: per row, no parameter processing
+        await driver_sql(target, _INSERT_SQL, rows, many=True)
+    for ev in ordered:
+        ev.run_seq = bases[ev.run_id] + (ev.run_seq or 0)
     return ordered
+
+
+async def _take_cursors(
+    target: Target, runs: list[str], per_run: dict[str, list[LogEvent]]
+) -> dict[str, int]:
+    """Each run's first cursor for its part of the batch (SQLite)."""
+    if len(runs) == 1:
+        take = {"b_run_id": runs[0], "b_count": len(per_run[runs[0]])}
+        tops = {runs[0]: (await _TAKE_RUN_SEQ.rows(target, take))[0][0]}
+    else:  # one statement for every run in the batch, its text made once per run count
+        params = tuple(x for r in runs for x in (r, len(per_run[r]))) + tuple(runs)
+        rows = await driver_sql(target, _take_run_seqs_sql(len(runs)), params)
+        tops = {row[0]: row[1] for row in rows}
+    return {r: tops[r] - len(per_run[r]) for r in runs}
+
+
+async def _append_on_postgresql(
+    target: Target,
+    runs: list[str],
+    per_run: dict[str, list[LogEvent]],
+    ordered: list[LogEvent],
+    *,
+    alone: bool,
+) -> dict[str, int]:
+    """``_PG_APPEND``: each run's first cursor for its part of the batch."""
+    columns = list(zip(*_rows(ordered), strict=True))
+    params: tuple[Any, ...] = (runs, [len(per_run[r]) for r in runs], *columns)
+    origin = origin_of(target)
+    sql = _PG_APPEND_SQL
+    if origin is not None:
+        sql, params = _PG_APPEND_WAKE_SQL, (*params, WAKE_CHANNEL, wake_payload(origin, ordered))
+    rows = await driver_sql(target, sql, params, alone=alone)
+    return {row[0]: row[1] - len(per_run[row[0]]) for row in rows}
 
 
 EVENT_COLUMNS = (
@@ -498,7 +533,11 @@ class EventWriter:
     async def _write(target: Target, batch: _Batch) -> list[LogEvent]:
         """Within a round every event is inserted before any finalizer runs, so a finalizer
         sees the events queued with it."""
-        committed = await insert_events(target, batch.events) if batch.events else []
+        committed = (
+            await insert_events(target, batch.events, alone=not batch.finalizers)
+            if batch.events
+            else []
+        )
         extra: list[LogEvent] = []
         for _, finalizer in batch.finalizers:
             extra.extend(await finalizer.run(target) or ())

@@ -208,16 +208,11 @@ class Prepared:
         assert route.conn is not None
         if route.asyncpg is not None:  # on asyncpg itself, in the target's transaction
             bound = compiled.bound(params or {})
-            begin = True
-            if isinstance(target, PgTx):
-                target.check_open()
-                begin = target.begun or not (self.reads or alone)
+            begin = _begins(target, reads=self.reads, alone=alone)
             records, columns = await run_on_asyncpg(
                 route.asyncpg, route.conn, compiled.sql, bound, begin=begin
             )
-            if alone and not begin:
-                assert isinstance(target, PgTx)
-                target.ended = True
+            _ran(target, begin=begin, alone=alone)
             if compiled.results is None:
                 compiled.results = compiled.typed([c.type.oid for c in columns])
             return compiled.convert(records)
@@ -232,6 +227,22 @@ class Prepared:
         return rows[0] if rows else None
 
 
+def _begins(target: Target, *, reads: bool, alone: bool) -> bool:
+    """Whether a statement on asyncpg begins the target's transaction (if none has begun):
+    not a read, nor a write run alone, ahead of anything else in a ``PgTx``."""
+    if not isinstance(target, PgTx):
+        return True
+    target.check_open()
+    return target.begun or not (reads or alone)
+
+
+def _ran(target: Target, *, begin: bool, alone: bool) -> None:
+    """A write ran alone, and committed: its ``PgTx`` is over."""
+    if alone and not begin:
+        assert isinstance(target, PgTx)
+        target.ended = True
+
+
 def _reads_only(stmt: Executable) -> bool:
     """A SELECT that writes nothing and locks nothing: no FOR UPDATE, no INSERT, UPDATE or
     DELETE in a WITH. (A SELECT of a function that writes or locks, an advisory lock, must
@@ -243,19 +254,21 @@ def _reads_only(stmt: Executable) -> bool:
 
 
 async def driver_sql(
-    target: Target, sql: str, params: Any, *, many: bool = False
+    target: Target, sql: str, params: Any, *, many: bool = False, alone: bool = False
 ) -> list[tuple[Any, ...]]:
     """SQL in the driver's own dialect (its paramstyle, no conversions), on SQLite's driver
     where it runs inline, on asyncpg, else on the session's connection; the rows it
-    returns."""
+    returns. ``alone`` as for ``Prepared.rows``."""
     route = await _route(target)
     if route.sqlite is not None:
         return run_on_driver(route.sqlite, sql, params, many=many)
     assert route.conn is not None
     if route.asyncpg is not None:
-        if isinstance(target, PgTx):
-            target.check_open()
-        records, _ = await run_on_asyncpg(route.asyncpg, route.conn, sql, params, many=many)
+        begin = _begins(target, reads=False, alone=alone)
+        records, _ = await run_on_asyncpg(
+            route.asyncpg, route.conn, sql, params, many=many, begin=begin
+        )
+        _ran(target, begin=begin, alone=alone)
         return [tuple(r) for r in records]
     result = await route.conn.exec_driver_sql(sql, params)
     return [tuple(row) for row in result.all()] if result.returns_rows else []

@@ -9,6 +9,7 @@ from orchestratord.api.auth import READ, WRITE
 from orchestratord.api.budget_headers import set_budget_headers
 from orchestratord.api.deps import orchestrator
 from orchestratord.api.responses import JsonResponse
+from orchestratord.db.models import Step
 from orchestratord.runs.service import get_run
 from orchestratord.runtime import Orchestrator
 from orchestratord.steps.kinds import kind_of
@@ -82,26 +83,34 @@ async def answer_submission(
         orch.rates.check_tokens(principal.key_id)
     if stream:
         admit_stream(orch, principal)
+    announced: list[str] = []
     try:
         async with orch.tx() as tx:
-            done = await submit(tx, run_id=run_id, body=typed, ctx=orch.submit_context)
-            step = done.step
-            status = step_view(step)["status"]
-            response = JsonResponse(
-                {"step_id": step.step_id, "status": status},
-                status_code=202 if done.created else 200,
+
+            def announce(new: Step) -> None:
+                # its log is empty until it commits: its streams start from memory
+                if orch.hub_sees_every_write:
+                    step_id = new.step_id
+                    announced.append(step_id)
+                    tx.on_rollback(lambda: orch.hub.forget_step(step_id))
+                    orch.hub.expect_step(step_id, cancel_on_disconnect=new.cancel_on_disconnect)
+
+            done = await submit(
+                tx, run_id=run_id, body=typed, ctx=orch.submit_context, announce=announce
             )
-            set_budget_headers(response, done.run, done.ledger)
-            fresh = done.created and status in ("queued", "running")
-            if fresh and orch.hub_sees_every_write:
-                # its log is empty until this commits: its streams start from memory
-                step_id = step.step_id
-                tx.on_rollback(lambda: orch.hub.forget_step(step_id))
-                orch.hub.expect_step(step_id, cancel_on_disconnect=step.cancel_on_disconnect)
     except BaseException:
         if stream:
             let_go(orch, principal)
         raise
+    step = done.step
+    for step_id in announced:  # made, but not stored (its token taken meanwhile...)
+        if step_id != step.step_id or not done.created:
+            orch.hub.forget_step(step_id)
+    status = step_view(step)["status"]
+    response = JsonResponse(
+        {"step_id": step.step_id, "status": status}, status_code=202 if done.created else 200
+    )
+    set_budget_headers(response, done.run, done.ledger)
     if done.created:
         if principal is not None:
             orch.rates.add_tokens(

@@ -20,6 +20,7 @@ claim of its own; it never waits, so admission (which bounds the queue) does not
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
@@ -129,6 +130,7 @@ class Submission:
     tokens_in: int = 0
     verdict: str = "admit"
     slot: Slot | None = None  # StartNow: the free slot the step took
+    announce: Callable[[Step], None] | None = None  # see ``submit_step``
 
     @property
     def session(self) -> AsyncSession:
@@ -501,6 +503,8 @@ class Insert:
         held = step.__dict__
         params = reserve_params(sub.run_id, limits, reservation)
         params.update({f"s_{c}": held.get(c) for c in _STEP_COLUMNS})
+        if sub.announce is not None:
+            sub.announce(step)
         row = await _RESERVE_AND_INSERT.first(sub.db, params, alone=True)
         if row is None:
             return None
@@ -562,6 +566,8 @@ class Insert:
         # a Core insert of the whole row: the unit of work costs more than the insert
         held = step.__dict__  # the columns as set (build_step, the claim), past the descriptors
         row = {c: held.get(c) for c in _STEP_COLUMNS}
+        if sub.announce is not None:
+            sub.announce(step)
         if on_conflict:  # PostgreSQL: a concurrent submission of the token committed first
             if await _INSERT_STEP_UNLESS_TOKEN.first(sub.db, row) is None:
                 await unreserve(sub.session, run_id=run_id, reservation=reservation)
@@ -602,9 +608,21 @@ RULES: tuple[Rule, ...] = (
 )
 
 
-async def submit_step(tx: Tx, *, run_id: str, body: AnyStepCreate, ctx: SubmitContext) -> Submitted:
-    """Store a step once per (run, client_token); a repeat returns the first (created=False)."""
-    sub = Submission(tx=tx, ctx=ctx, run_id=run_id, body=body)
+async def submit_step(
+    tx: Tx,
+    *,
+    run_id: str,
+    body: AnyStepCreate,
+    ctx: SubmitContext,
+    announce: Callable[[Step], None] | None = None,
+) -> Submitted:
+    """Store a step once per (run, client_token); a repeat returns the first (created=False).
+
+    ``announce`` is called with a new step just before the statement that stores it (which
+    may commit the transaction by itself, ``Insert``): what must be in place before the
+    step exists, and must not fail after, goes there. A step announced may still not be the
+    one returned (its token taken meanwhile, a budget read again)."""
+    sub = Submission(tx=tx, ctx=ctx, run_id=run_id, body=body, announce=announce)
     with tracing.span("step.submit", run_id=run_id, kind=body.type) as span:
         for rule in RULES:
             answer = await rule.apply(sub)

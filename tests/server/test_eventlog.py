@@ -134,10 +134,10 @@ async def test_a_log_that_cannot_be_written_ends_the_step(
 
     real = eventlog.insert_events
 
-    async def failing(session, events):  # type: ignore[no-untyped-def]
+    async def failing(session, events, **kw):  # type: ignore[no-untyped-def]
         if any(ev.type == "token" for ev in events):
             raise RuntimeError("disk full")
-        return await real(session, events)
+        return await real(session, events, **kw)
 
     monkeypatch.setattr(eventlog, "insert_events", failing)
     run_id = await make_run(client)
@@ -163,10 +163,10 @@ async def test_a_step_whose_events_cannot_be_written_fails_alone(
     doomed_run = await make_run(client)
     others = [await make_run(client) for _ in range(4)]
 
-    async def refusing(session, events):  # type: ignore[no-untyped-def]
+    async def refusing(session, events, **kw):  # type: ignore[no-untyped-def]
         if any(ev.run_id == doomed_run and ev.type == "token" for ev in events):
             raise sa.exc.IntegrityError("INSERT INTO events", {}, Exception("duplicate key"))
-        return await real(session, events)
+        return await real(session, events, **kw)
 
     monkeypatch.setattr(eventlog, "insert_events", refusing)
     subs = await asyncio.gather(

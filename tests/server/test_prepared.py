@@ -25,6 +25,7 @@ from orchestratord.db.prepared import (
     sqlite_driver,
 )
 from orchestratord.tx import Tx
+from tests.helpers import until
 
 _RUNS = cast(sa.Table, Run.__table__)
 _RUN_BY_ID = Prepared(sa.select(*_RUNS.columns).where(_RUNS.c.run_id == sa.bindparam("id")))
@@ -396,27 +397,63 @@ async def test_a_cancelled_postgresql_transaction_takes_its_statements_back(db: 
 
 
 @_PG_ONLY
-async def test_postgresql_keeps_a_bounded_number_of_connections_between_transactions(
+async def test_postgresql_write_transactions_take_turns_on_a_bounded_number_of_connections(
     db: Database,
 ) -> None:
+    """As many write transactions run at once as connections are kept; the others wait their
+    turn and open no connection of their own."""
     await _seed(db, _run("run_w"))
     kept = db._held_max
-    inside = 0
-    all_in = asyncio.Event()
+    inside: list[int] = []
+    most = 0
+    go = asyncio.Event()
+    order: list[int] = []
 
-    async def one() -> None:
-        nonlocal inside
+    async def one(i: int) -> None:
+        nonlocal most
         async with db.driver_write() as tx:
             await _RUN_BY_ID.rows(tx, {"id": "run_w"})
-            inside += 1
-            if inside == kept + 3:
-                all_in.set()
-            await all_in.wait()
+            inside.append(i)
+            order.append(i)
+            most = max(most, len(inside))
+            await go.wait()
+            inside.remove(i)
 
-    await asyncio.gather(*(one() for _ in range(kept + 3)))
+    tasks = [asyncio.create_task(one(i)) for i in range(kept + 3)]
+    await until(lambda: len(inside) == kept)
+    await asyncio.sleep(0.05)  # the others stay out
+    assert sorted(inside) == list(range(kept))
+    assert db.engine.pool.checkedout() == kept  # type: ignore[attr-defined]
+    go.set()
+    await asyncio.gather(*tasks)
+    assert most == kept and sorted(order) == list(range(kept + 3))
     assert db.engine.pool.checkedout() == kept  # type: ignore[attr-defined]
     await db.dispose()
     assert db.engine.pool.checkedout() == 0  # type: ignore[attr-defined]
+
+
+@_PG_ONLY
+async def test_a_write_transaction_inside_another_takes_no_turn(db: Database) -> None:
+    """One that runs while its task holds another (its connection held meanwhile) does not
+    wait for a turn it could only get once it is done."""
+    await _seed(db, _run("run_n1"), _run("run_n2"))
+    kept = db._held_max
+    release = asyncio.Event()
+
+    async def holder() -> None:
+        async with db.driver_write() as tx:
+            await _RUN_BY_ID.rows(tx, {"id": "run_n1"})
+            await release.wait()
+
+    holders = [asyncio.create_task(holder()) for _ in range(kept - 1)]
+    await until(lambda: db.engine.pool.checkedout() == kept - 1)  # type: ignore[attr-defined]
+    async with db.driver_write() as outer:  # the last turn
+        await _SET_STATUS.rows(outer, {"id": "run_n1", "s": "cancelling"})
+        async with asyncio.timeout(10), db.driver_write() as inner:
+            await _SET_STATUS.rows(inner, {"id": "run_n2", "s": "cancelling"})
+    release.set()
+    await asyncio.gather(*holders)
+    assert await _statuses(db) == {"run_n1": "cancelling", "run_n2": "cancelling"}
 
 
 @_PG_ONLY
@@ -536,3 +573,26 @@ async def test_a_statement_asked_to_run_alone_after_a_write_runs_in_the_transact
                 if fail:
                     raise RuntimeError("abort")
         await _both_or_neither(db, fail, "run_a4", "run_a5")
+
+
+@_PG_ONLY
+async def test_the_event_writers_transactions_have_a_connection_of_their_own(
+    db: Database,
+) -> None:
+    """``urgent`` (the event writer's) transactions run on a pool of their own: API
+    transactions holding every pooled connection cannot hold back committed tokens."""
+    from orchestratord.eventlog import LogEvent, insert_events
+
+    await _seed(db, _run("run_e"))
+    pool: Any = db.engine.pool
+    taken = [await db.engine.connect() for _ in range(pool.size() + pool._max_overflow)]
+    try:
+        async with asyncio.timeout(5):
+            async with db.driver_write(urgent=True) as tx:
+                await insert_events(tx, [LogEvent("run_e", None, None, "fact", b"{}")])
+            async with db.write(urgent=True) as session:  # a session of its own, likewise
+                run = await session.get(Run, "run_e")
+                assert run is not None and run.event_seq == 1
+    finally:
+        for conn in taken:
+            await conn.close()

@@ -124,8 +124,8 @@ async def test_wakeups_come_back_after_the_connection_drops(
 async def test_one_notification_per_commit_sent_by_the_cursor_update(
     pair: tuple[Orchestrator, Orchestrator], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The wake-up rides on the statement that takes the runs' cursors (no round trip of its
-    own); with several runs it runs once per run and PostgreSQL delivers it once."""
+    """The wake-up rides on the statement that appends the events (no round trip of its own);
+    with several runs it runs once per run and PostgreSQL delivers it once."""
     import asyncpg
 
     from orchestratord.db import prepared
@@ -163,7 +163,8 @@ async def test_one_notification_per_commit_sent_by_the_cursor_update(
                 await asyncio.sleep(0.02)
             await asyncio.sleep(0.1)  # a second one would have come by now
             assert got == [wake_payload(a.db.origin, events)]
-            locks = ["SELECT"] if len(batch_runs) > 1 else []  # the runs' rows, in order
-            assert sql == [*locks, "UPDATE", "INSERT"], sql
+            # the runs' rows locked in order, their cursors taken, the events inserted and the
+            # wake-up sent: one statement
+            assert sql == ["WITH"], sql
     finally:
         await listener.close()
