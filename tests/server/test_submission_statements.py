@@ -8,6 +8,7 @@ COMMIT)."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -24,30 +25,41 @@ from tests.helpers import make_run, submit, wait_status
 
 
 class Statements:
-    """The statements of the next transaction that commits."""
+    """The statements of the next transaction that commits, run by the task that started
+    counting (the request's: the ASGI transport runs the app in the caller's task), not by
+    the dispatcher's or the event writer's meanwhile."""
 
     def __init__(self) -> None:
         self.seen: list[str] = []
         self.open = False
         self.savepoints = 0
+        self.task: asyncio.Task[Any] | None = None
 
     def start(self) -> None:
         self.seen, self.open, self.savepoints = [], True, 0
+        self.task = asyncio.current_task()
+
+    @property
+    def counting(self) -> bool:
+        return self.open and asyncio.current_task() is self.task
 
     def statement(self, _c: Any, _cur: Any, statement: str, *_a: Any) -> None:
         self.traced(statement)
 
     def traced(self, statement: str) -> None:
+        if not self.counting:
+            return
         text = " ".join(statement.split())
-        if self.open and text.split(" ", 1)[0] in ("SELECT", "INSERT", "UPDATE", "DELETE", "WITH"):
+        if text.split(" ", 1)[0] in ("SELECT", "INSERT", "UPDATE", "DELETE", "WITH"):
             self.seen.append(text[:70])
-        elif self.open and text.startswith("SAVEPOINT"):
+        elif text.startswith("SAVEPOINT"):
             self.savepoints += 1
         elif text == "COMMIT":
             self.commit(None)
 
     def commit(self, _conn: Any) -> None:
-        self.open = False
+        if self.counting:
+            self.open = False
 
 
 @pytest.fixture
@@ -69,13 +81,13 @@ def statements(orch: Orchestrator, monkeypatch: pytest.MonkeyPatch) -> Iterator[
     real, real_commit = prepared.run_on_asyncpg, prepared.commit_on_asyncpg
 
     async def traced(adapted: Any, conn: Any, sql: str, params: Any, **kw: Any) -> Any:
-        if counter.open and kw.get("begin", True) and adapted._transaction is None:
+        if counter.counting and kw.get("begin", True) and adapted._transaction is None:
             counter.seen.append("BEGIN")
         counter.traced(sql)
         return await real(adapted, conn, sql, params, **kw)
 
     async def committed(adapted: Any, conn: Any) -> None:
-        if counter.open and adapted._transaction is not None:
+        if counter.counting and adapted._transaction is not None:
             counter.seen.append("COMMIT")
         await real_commit(adapted, conn)
 
