@@ -142,6 +142,13 @@ class PgTx:
             raise RuntimeError("this transaction ended with a statement run alone")
 
 
+def nothing_written(target: Target) -> None:
+    """The statement just run alone wrote nothing (as its rows tell its caller): the
+    transaction goes on, and may begin."""
+    if isinstance(target, PgTx):
+        target.ended = False
+
+
 def can_run_alone(target: Target) -> bool:
     """A statement run on ``target`` with ``alone=True`` would commit by itself: a PostgreSQL
     transaction on asyncpg in which nothing has begun (nor a session joined)."""

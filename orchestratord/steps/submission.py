@@ -43,7 +43,14 @@ from orchestrator_core.policy import Decision, PolicyDenied, PolicySubject, Rule
 from orchestrator_core.pricing import Price
 from orchestratord import tracing
 from orchestratord.db.models import Flow, Run, Step
-from orchestratord.db.prepared import Prepared, Target, can_run_alone, detached, transient
+from orchestratord.db.prepared import (
+    Prepared,
+    Target,
+    can_run_alone,
+    detached,
+    nothing_written,
+    transient,
+)
 from orchestratord.metrics import Metrics
 from orchestratord.policies import policy_of
 from orchestratord.pools.registry import Pool, PoolRegistry, Replica
@@ -130,6 +137,7 @@ class Submission:
     tokens_in: int = 0
     verdict: str = "admit"
     slot: Slot | None = None  # StartNow: the free slot the step took
+    queue_unchecked: bool = False  # StartNow left the pool's queue to Insert's statement
     announce: Callable[[Step], None] | None = None  # see ``submit_step``
 
     @property
@@ -372,7 +380,9 @@ class StartNow:
     """Record runs: an engine step starts in its submission's transaction when its pool has a
     free slot (its session's replica's, where the engine keeps sessions) and no step of its
     priority or higher waits in that pool's queue (the queue's order holds). It takes the
-    slot here; the slot goes back if the submission does not commit."""
+    slot here; the slot goes back if the submission does not commit. Where the step will be
+    stored by one statement (``Insert``), that statement checks the queue instead: no round
+    trip of its own."""
 
     async def apply(self, sub: Submission) -> Submitted | None:
         starter = sub.ctx.starter
@@ -383,9 +393,12 @@ class StartNow:
         pool = sub.ctx.pools.require(sub.pool_id)
         if pool.free_slots <= 0:
             return None
-        params = {"pool_id": pool.pool_id, "rank": PRIORITY_RANK[sub.body.priority]}
-        if (await _AHEAD_IN_POOL.rows(sub.db, params))[0][0]:
-            return None
+        if _in_one_statement(sub):
+            sub.queue_unchecked = True
+        else:
+            params = {"pool_id": pool.pool_id, "rank": PRIORITY_RANK[sub.body.priority]}
+            if (await _AHEAD_IN_POOL.rows(sub.db, params))[0][0]:
+                return None
         replica = starter.slot_for(pool, sub.run)  # taken meanwhile, or its session's is busy
         if replica is not None:
             sub.slot = slot = Slot(pool, replica)
@@ -421,7 +434,14 @@ _INSERT_STEP_UNLESS_TOKEN = Prepared(
 # PostgreSQL: the reservation and the insert in one statement, the step's position taken
 # from the reserved run's row (no step when the reservation does not fit); its row is
 # RESERVE's. The step's values are its columns' names prefixed with ``s_``.
-_RESERVED = RESERVE.cte("reserved")
+# whether a step of this priority or higher waits in the pool (none when ``q_pool`` is null)
+_AHEAD = sa.select(
+    sa.exists()
+    .where(*_queued(pool_id="q_pool"), Step.priority_rank <= sa.bindparam("q_rank"))
+    .label("ahead")
+).cte("ahead")
+# the reservation, unless a step waits ahead (``StartNow`` left the check to this statement)
+_RESERVED = RESERVE.where(~sa.select(_AHEAD.c.ahead).scalar_subquery()).cte("reserved")
 _INSERTED = (
     _STEP_TABLE.insert()
     .from_select(
@@ -439,7 +459,19 @@ _INSERTED = (
     )
     .cte("inserted")
 )
-_RESERVE_AND_INSERT = Prepared(sa.select(*_RESERVED.c).add_cte(_INSERTED))
+_RESERVE_AND_INSERT = Prepared(
+    sa.select(_AHEAD.c.ahead, *_RESERVED.c)
+    .select_from(_AHEAD.outerjoin(_RESERVED, sa.true()))
+    .add_cte(_INSERTED)
+)
+
+
+def _in_one_statement(sub: Submission) -> bool:
+    """The step will be stored by one statement that commits by itself (``Insert``)."""
+    return not sub.sqlite and sub.target is None and can_run_alone(sub.db)
+
+
+_WAITS = object()  # Insert._in_one_statement: a step waits ahead in the pool
 
 
 class _TokenTaken(Exception):
@@ -460,15 +492,21 @@ class Insert:
         if sub.sqlite:  # writes are serialized: the token check above cannot be raced
             step, ledger = await self._reserve_and_insert(sub)
             return Submitted(step, True, ledger, sub.run)
-        if sub.verdict == "admit" and sub.target is None and can_run_alone(sub.db):
+        if sub.verdict == "admit" and _in_one_statement(sub):
             try:
                 done = await self._in_one_statement(sub)
             except IntegrityError as exc:
                 return await self._taken(sub, exc)
-            if done is not None:
+            if isinstance(done, tuple):
                 step, ledger = done
                 return Submitted(step, True, ledger, sub.run)
-            # the budget did not fit the ledger the submission read: read it again, below
+            if done is _WAITS:  # a step waits ahead in its pool: this one waits too, admitted
+                assert sub.slot is not None
+                sub.slot.release()
+                sub.slot = None
+                await _ADMIT.apply(sub)
+            # else the budget did not fit the ledger the submission read: read it again, below
+        assert not sub.queue_unchecked or sub.slot is None  # only one statement checks it
         try:
             if sub.verdict == "drop_oldest":  # a victim ended: undone with the savepoint
                 async with sub.session.begin_nested():
@@ -490,25 +528,34 @@ class Insert:
             sub.slot.release()
         return sub.repeat(existing)
 
-    async def _in_one_statement(self, sub: Submission) -> tuple[Step, Ledger] | None:
+    async def _in_one_statement(self, sub: Submission) -> tuple[Step, Ledger] | object | None:
         """Reserve and insert in one statement run alone, with the ledger the submission
-        read; None when the step does not fit it (nothing written)."""
+        read; ``_WAITS`` when a step waits ahead of one that took a slot (``StartNow``),
+        None when the step does not fit the ledger (nothing written either way)."""
         limits = Limits.from_dict(sub.run.budgets)
+        unchecked, sub.queue_unchecked = sub.queue_unchecked, False
+        rank = PRIORITY_RANK[sub.body.priority]
         try:
             reservation = self._plan(sub, ledger_of(sub.run))
-        except BudgetExceeded:
+        except BudgetExceeded:  # read again below; the queue first, as StartNow would have
+            ahead = {"pool_id": sub.pool_id, "rank": rank}
+            if unchecked and (await _AHEAD_IN_POOL.rows(sub.db, ahead))[0][0]:
+                return _WAITS
             return None
         step = build_step(sub, position=-1, reservation=reservation)
         started = self._claim(sub, step)
         held = step.__dict__
         params = reserve_params(sub.run_id, limits, reservation)
         params.update({f"s_{c}": held.get(c) for c in _STEP_COLUMNS})
+        params.update(q_pool=sub.pool_id if unchecked else None, q_rank=rank)
         if sub.announce is not None:
             sub.announce(step)
         row = await _RESERVE_AND_INSERT.first(sub.db, params, alone=True)
-        if row is None:
-            return None
-        step.position, ledger = reserved(row)
+        assert row is not None  # one row: whether a step waits ahead, then what was reserved
+        if row[0] or row[1] is None:  # nothing reserved, nothing inserted
+            nothing_written(sub.db)
+            return _WAITS if row[0] else None
+        step.position, ledger = reserved(row[1:])
         self._begin_after_commit(sub, started)
         return step, ledger
 
@@ -594,6 +641,7 @@ class Insert:
         return ClaimedStep(step, sub.run, sub.price, slot.pool, slot.replica)
 
 
+_ADMIT = Admit()
 RULES: tuple[Rule, ...] = (
     LoadRun(),
     ResolveKind(),
@@ -603,7 +651,7 @@ RULES: tuple[Rule, ...] = (
     MatchRecord(),
     Quote(),
     StartNow(),
-    Admit(),
+    _ADMIT,
     Insert(),
 )
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any
 
 import httpx
@@ -20,7 +21,10 @@ from test_harness.servers import serve_app
 from tests.conftest import make_settings
 from tests.helpers import make_flow, make_run, submit, wait_status
 
-pytestmark = pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+# the dispatcher's rounds are counted on SQLite (PostgreSQL's polls for other processes'
+# steps add rounds of their own: test_dispatch_rounds_pg.py); a submission's start, its queue
+# and its slot on both (PostgreSQL stores a started step in one statement of its own)
+_SQLITE = pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 
 
 @pytest.fixture
@@ -66,6 +70,7 @@ async def slots(db_url: str) -> AsyncIterator[httpx.AsyncClient]:
         yield c
 
 
+@_SQLITE
 async def test_an_ended_step_leaves_no_empty_claim_round(
     slots: httpx.AsyncClient, rounds: list[str | None]
 ) -> None:
@@ -82,6 +87,7 @@ async def test_an_ended_step_leaves_no_empty_claim_round(
     assert len(pool_rounds) <= 1, pool_rounds
 
 
+@_SQLITE
 async def test_steps_queued_behind_a_full_pool_start_as_slots_free(
     one_slot: httpx.AsyncClient,
 ) -> None:
@@ -130,6 +136,30 @@ async def test_a_step_waits_behind_the_queue_of_its_pool(slots: httpx.AsyncClien
     assert [s["started_at"] for s in ended] == sorted(s["started_at"] for s in ended)
 
 
+async def test_a_step_behind_a_full_queue_is_refused_and_gives_its_slot_back(
+    slots: httpx.AsyncClient,
+) -> None:
+    """A free slot, but steps wait ahead of it in a queue that is full: the step is not
+    started, it is refused as any step would be (429), and the slot stays free."""
+    orch = _ORCH[-1]
+    run_id = await make_run(slots)
+    orch.dispatcher.pause()
+    waiting = [(await _submit(slots, run_id, f"w{i}", "batch")).json() for i in range(2)]
+    orch.dispatcher.paused = False  # free slots again, and no round has run (poll: 60 s)
+    policy = orch.submit_context.admission
+    orch.submit_context = replace(
+        orch.submit_context,
+        admission=replace(policy, capacity={**policy.capacity, "batch": 2}),
+    )
+    full = await _submit(slots, run_id, "full", "batch")
+    assert full.status_code == 429, full.text
+    assert orch.pools.pools["local"].free_slots == 8
+    assert len((await slots.get(f"/v1/runs/{run_id}/steps")).json()) == 2
+    orch.dispatcher.wake()
+    for s in waiting:
+        await wait_status(slots, s["step_id"], "succeeded")
+
+
 async def test_a_draining_process_starts_nothing_at_submission(
     slots: httpx.AsyncClient,
 ) -> None:
@@ -176,6 +206,7 @@ async def test_a_step_refused_after_taking_its_slot_gives_it_back(
     assert orch.pools.pools["local"].free_slots == 8
 
 
+@_SQLITE
 async def test_an_idle_server_on_sqlite_runs_no_claim_round_on_its_polls(
     db_url: str, rounds: list[str | None]
 ) -> None:
@@ -202,6 +233,7 @@ async def test_an_idle_server_on_sqlite_runs_no_claim_round_on_its_polls(
         await orch.stop()
 
 
+@_SQLITE
 async def test_a_step_pinned_to_a_busy_replica_starts_when_that_replica_frees(
     db_url: str,
 ) -> None:

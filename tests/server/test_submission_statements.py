@@ -2,9 +2,9 @@
 so the rules share what they read. An engine step that starts with its submission runs four:
 the run with the step its token made (if any), whether a step waits ahead in its pool, the
 reservation, the insert; it takes no admission lock (it never waits in the queue) and no
-savepoint. On PostgreSQL that is three round trips in all: the two reads on their own, then
-the reservation and the insert as one statement that commits by itself (no BEGIN, no
-COMMIT)."""
+savepoint. On PostgreSQL that is two round trips in all: the run read on its own, then the
+pool's queue, the reservation and the insert as one statement that commits by itself (no
+BEGIN, no COMMIT)."""
 
 from __future__ import annotations
 
@@ -17,10 +17,12 @@ import httpx
 import pytest
 from sqlalchemy import event
 
+from orchestrator_core.budgets import Ledger
 from orchestratord.db import engine as db_engine
 from orchestratord.db import prepared
 from orchestratord.db.models import Run, Step
 from orchestratord.runtime import Orchestrator
+from orchestratord.steps import submission
 from tests.helpers import make_run, submit, wait_status
 
 
@@ -118,10 +120,9 @@ async def test_an_engine_step_is_submitted_in_four_statements(
     if orch.db.is_sqlite:
         assert len(seen) == 4, seen
         assert seen[-1].startswith("INSERT INTO steps")
-    else:  # three round trips, the last one committing the step
-        assert len(seen) == 3, seen
-        assert seen[1].startswith("SELECT EXISTS"), seen
-        assert seen[2].startswith("WITH reserved AS (UPDATE runs"), seen
+    else:  # two round trips: the last one checks the pool's queue and commits the step
+        assert len(seen) == 2, seen
+        assert seen[1].startswith("WITH ahead AS (SELECT EXISTS"), seen
     await wait_status(client, r.json()["step_id"], "succeeded")
     async with orch.db.read() as session:  # what was reserved, and where the step stands
         run = await session.get(Run, run_id)
@@ -170,3 +171,23 @@ async def test_a_submission_on_sqlite_opens_no_session(
     assert r.status_code == 202, r.text
     assert len(seen) == 1 and seen[0].joined is None
     await wait_status(client, r.json()["step_id"], "succeeded")
+
+
+async def test_a_submission_planned_on_a_stale_ledger_reads_it_again(
+    orch: Orchestrator, client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The reservation re-checks the run's limits in the database: a submission that planned
+    on a ledger spent since (read before another step's reservation) writes nothing, reads
+    the ledger again and is refused; the slot it took goes back."""
+    run_id = await make_run(client, budgets={"max_tokens_out": 2})
+    spent = await submit(client, run_id, token="spent", max_tokens=2)
+    await wait_status(client, spent.json()["step_id"], "succeeded")
+    free = orch.pools.pools["local"].free_slots
+    monkeypatch.setattr(submission, "ledger_of", lambda _run: Ledger(0, 0, 0.0, 0, 0, 0.0))
+    late = await submit(client, run_id, token="late", max_tokens=2)
+    assert late.status_code == 409 and late.json()["code"] == "BUDGET_EXCEEDED", late.text
+    assert orch.pools.pools["local"].free_slots == free
+    steps = (await client.get(f"/v1/runs/{run_id}/steps")).json()
+    assert [s["step_id"] for s in steps] == [spent.json()["step_id"]]
+    run = (await client.get(f"/v1/runs/{run_id}")).json()
+    assert run["step_count"] == 1 and run["reserved"]["tokens_out"] == 0
