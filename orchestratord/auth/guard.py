@@ -9,7 +9,9 @@ flood of wrong secrets for a real key id cannot stall the event loop.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any, TypeVar, cast
 
 from orchestrator_core import clock, keys
 from orchestrator_core.errors import Unauthenticated
@@ -17,6 +19,7 @@ from orchestrator_core.keys import Principal, Scope
 from orchestratord.auth import store
 from orchestratord.db.engine import Database
 
+_T = TypeVar("_T")
 _MAX_CACHED = 10_000
 _ANY = "no valid API key: send Authorization: Bearer <key>"
 _MALFORMED = "API key not valid (unknown, revoked or malformed)"
@@ -45,6 +48,7 @@ class KeyGuard:
         self._on: bool = required
         self._on_until = float("-inf")
         self._verifying = asyncio.Semaphore(2)
+        self._looking: dict[str, asyncio.Future[Any]] = {}  # by key text ("": any key at all)
 
     @property
     def on(self) -> bool:
@@ -57,10 +61,23 @@ class KeyGuard:
             return True
         t = clock.monotonic()
         if t >= self._on_until:
-            async with self.db.read() as session:
-                self._on = await store.any_key(session)
+            self._on = await self._once("", self._any_key)
             self._on_until = t + self.cache_s
         return self._on
+
+    async def _any_key(self) -> bool:
+        async with self.db.read() as session:
+            return await store.any_key(session)
+
+    async def _once(self, key: str, look: Callable[[], Awaitable[_T]]) -> _T:
+        """``look()``, once for every caller asking while it runs: a burst of requests that
+        finds the cached answer expired makes one read, not one each."""
+        running = self._looking.get(key)
+        if running is None:
+            running = self._looking[key] = asyncio.ensure_future(look())
+            running.add_done_callback(lambda _done: self._looking.pop(key, None))
+        # a caller that goes away does not cancel the others' answer
+        return cast(_T, await asyncio.shield(running))
 
     def forget(self) -> None:
         """Drop what is cached (after keys change in this process)."""
@@ -76,7 +93,7 @@ class KeyGuard:
         t = clock.monotonic()
         entry = self._cache.get(text)
         if entry is None or t >= entry.until:
-            entry = _Entry(await self._verify(text), t + self.cache_s)
+            entry = _Entry(await self._once(text, lambda: self._verify(text)), t + self.cache_s)
             if len(self._cache) >= _MAX_CACHED:
                 self._cache.clear()
             self._cache[text] = entry

@@ -213,3 +213,37 @@ async def test_a_key_is_never_logged_or_echoed(
     lines = [r.getMessage() for r in captured.records] + [str(r.__dict__) for r in captured.records]
     for text in texts + lines:
         assert secret not in text
+
+
+async def test_a_burst_finding_the_cache_expired_looks_once(
+    orch: Orchestrator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Requests arriving together after the cached answer expired share one read: whether
+    any key exists, and each key's verification (not one database read per request)."""
+    import asyncio
+
+    guard = orch.auth
+    key = await _key(orch, Scope.READ)
+    reads: dict[str, int] = {"any_key": 0, "find": 0}
+    for name in reads:
+        real = getattr(store, name)
+
+        async def counted(*a: Any, _real: Any = real, _name: str = name, **kw: Any) -> Any:
+            reads[_name] += 1
+            await asyncio.sleep(0.01)  # the others arrive while it reads
+            return await _real(*a, **kw)
+
+        monkeypatch.setattr(store, name, counted)
+    guard.forget()
+    assert all(await asyncio.gather(*(guard.enabled() for _ in range(30))))
+    principals = await asyncio.gather(*(guard.principal(key) for _ in range(30)))
+    assert {p.key_id for p in principals} == {key[3:15]}
+    assert reads == {"any_key": 1, "find": 1}
+    # one caller giving up does not take the answer from the others
+    guard.forget()
+    first = asyncio.ensure_future(guard.principal(key))
+    await asyncio.sleep(0)
+    others = asyncio.gather(*(guard.principal(key) for _ in range(5)))
+    first.cancel()
+    assert {p.key_id for p in await others} == {key[3:15]}
+    assert reads["find"] == 2
