@@ -7,6 +7,11 @@ is the median over rounds.
 
     .venv/bin/python bench/ab.py --a /path/to/before --b . [--rounds 3] [--pg]
         [--a-env ORCHESTRATORD_LOOP=asyncio ...] [--b-env ...] [--idle-streams 10000]
+        [--one-request]
+
+``--one-request``: the client submits each step and follows it in one request (``Accept:
+text/event-stream``), as the interpreter does; by default in two (submit, then ``GET`` the
+stream), which trees from before the one-request answer also serve.
 
 ``--idle-streams N`` adds the idle row to every round (``bench/idle_followers.py``: N idle
 run streams held ``--idle-seconds``, the server's CPU share of a core and its RSS), on the
@@ -48,11 +53,24 @@ async def measure_on(
     pools = ["--pools", str(tmp / "pools.yaml")]
 
     async def one(url: str) -> dict[str, float]:
-        # the two-request client only: a tree from before the one-request answer has none
+        if a.one_request:  # every row with the client that submits and follows in one request
+            return flat(await one_request_rows(url))
+        # the two-request client: a tree from before the one-request answer has no other
         rows = await latency.orchestratord(
             str(tree), url, pools, {**env, **extra}, tmp, a, tree, one_request=False
         )
         return flat(rows)
+
+    async def one_request_rows(url: str) -> dict[str, Any]:
+        server = await latency.start_orchestratord(
+            str(tree), url, pools, {**env, **extra}, tmp, tree
+        )
+        try:
+            runs = await latency.make_runs(server.base_url, max(a.streams, a.step_clients))
+            stream = latency.orchestrated_stream(server.base_url, runs, one_request=True)
+            return await latency.run_rows(latency.Target(str(tree), stream, server), a)
+        finally:
+            await server.stop()
 
     async def idle(url: str) -> dict[str, float]:
         row = await idle_followers.measure(url, a.idle_streams, a.idle_seconds, str(tmp), tree)
@@ -114,6 +132,11 @@ def main() -> None:
     ap.add_argument("--a-env", nargs="*", default=[])
     ap.add_argument("--b-env", nargs="*", default=[])
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument(
+        "--one-request",
+        action="store_true",
+        help="submit and follow each step in one request (both trees must answer so)",
+    )
     ap.add_argument("--timeout-s", type=float, default=300.0, help="per server and round")
     ap.add_argument("--idle-streams", type=int, default=0, help="0: no idle row")
     ap.add_argument("--idle-seconds", type=float, default=30.0)
