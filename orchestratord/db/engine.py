@@ -16,7 +16,7 @@ connection the process keeps checked out between transactions (measured: a one-s
 transaction through a session cost 0.43 ms of CPU here, 0.13 ms on asyncpg). A session
 joins the same transaction only when code asks for one. On PostgreSQL, plain SELECTs ahead
 of the first write run on their own, and a last write with nothing begun before it may
-commit by itself (``PgTx``): a submission that starts its step is three round trips, not six.
+commit by itself (``PgTx``): a submission that starts its step is two round trips, not six.
 """
 
 from __future__ import annotations

@@ -431,9 +431,12 @@ _INSERT_STEP_UNLESS_TOKEN = Prepared(
 )
 
 
-# PostgreSQL: the reservation and the insert in one statement, the step's position taken
-# from the reserved run's row (no step when the reservation does not fit); its row is
-# RESERVE's. The step's values are its columns' names prefixed with ``s_``.
+# PostgreSQL: the pool's queue checked, the reservation and the insert in one statement,
+# the step's position taken from the reserved run's row (no step when a step waits ahead or
+# the reservation does not fit). Its one row: whether a step waits ahead, then RESERVE's
+# columns (null when nothing was reserved). The step's values are its columns' names
+# prefixed with ``s_``.
+#
 # whether a step of this priority or higher waits in the pool (none when ``q_pool`` is null)
 _AHEAD = sa.select(
     sa.exists()
@@ -484,9 +487,11 @@ class Insert:
 
     On PostgreSQL, when nothing has begun in the submission's transaction (its reads ran on
     their own: a record step that starts now, or a control step), both are one statement
-    that commits by itself: no BEGIN, no COMMIT, three round trips fewer. A client_token
-    taken meanwhile fails that statement whole (nothing reserved), and the step that took it
-    answers."""
+    that commits by itself, with the pool-queue check ``StartNow`` left to it: no BEGIN, no
+    COMMIT, four round trips fewer. A client_token taken meanwhile fails that statement
+    whole (nothing reserved), and the step that took it answers; a step found waiting
+    behind the queue, or a ledger spent since it was read, writes nothing and goes the
+    general way below."""
 
     async def apply(self, sub: Submission) -> Submitted | None:
         if sub.sqlite:  # writes are serialized: the token check above cannot be raced
