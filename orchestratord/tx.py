@@ -22,6 +22,7 @@ class Tx:
         self.events: list[LogEvent] = []
         self.callbacks: list[Callable[[], None]] = []
         self.undo: list[Callable[[], None]] = []
+        self._sqlite: bool | None = None
 
     @property
     def session(self) -> AsyncSession:
@@ -37,7 +38,10 @@ class Tx:
 
     @property
     def sqlite(self) -> bool:
-        return dialect_of(self.target).name == "sqlite"
+        sqlite = self._sqlite
+        if sqlite is None:  # asked several times per submission; the dialect never changes
+            sqlite = self._sqlite = dialect_of(self.target).name == "sqlite"
+        return sqlite
 
     async def append_events(self, events: list[LogEvent]) -> None:
         """Write events now; they are published to followers after commit."""

@@ -73,10 +73,16 @@ async def list_steps(session: AsyncSession, *, run_id: str) -> list[Step]:
     return list(rows.scalars())
 
 
-def step_view(step: Step) -> dict[str, Any]:
+def shown_status(step: Step) -> str:
+    """The status the API shows: a running step asked to cancel is ``cancelling``."""
     status = step.status
     if status == StepStatus.RUNNING.value and step.cancel_requested:
-        status = "cancelling"
+        return "cancelling"
+    return status
+
+
+def step_view(step: Step) -> dict[str, Any]:
+    status = shown_status(step)
     return {
         **{
             c: getattr(step, c)

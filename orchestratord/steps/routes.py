@@ -14,7 +14,7 @@ from orchestratord.runs.service import get_run
 from orchestratord.runtime import Orchestrator
 from orchestratord.steps.kinds import kind_of
 from orchestratord.steps.queries import get_step as read_step
-from orchestratord.steps.queries import step_view
+from orchestratord.steps.queries import shown_status, step_view
 from orchestratord.steps.submission import submit_step as submit
 from orchestratord.streams.routes import admit as admit_stream
 from orchestratord.streams.routes import let_go, submitted_step_stream
@@ -106,7 +106,7 @@ async def answer_submission(
     for step_id in announced:  # made, but not stored (its token taken meanwhile...)
         if step_id != step.step_id or not done.created:
             orch.hub.forget_step(step_id)
-    status = step_view(step)["status"]
+    status = shown_status(step)
     response = JsonResponse(
         {"step_id": step.step_id, "status": status}, status_code=202 if done.created else 200
     )

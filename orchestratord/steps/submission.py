@@ -762,18 +762,19 @@ async def _submit_unexecuted(sub: Submission, target: ReplayTarget) -> Submitted
 def enforce_logged(run_id: str, policy: RulePolicy, subject: PolicySubject) -> Decision:
     """Evaluate the policy; every decision is logged with the rule that made it."""
     decision = policy.evaluate(subject)
-    policy_log.info(
-        "policy %s by %s for %s",
-        "allowed" if decision.allowed else "denied",
-        decision.rule_id or "default",
-        subject.as_dict(),
-        extra={
-            "run_id": run_id,
-            "rule_id": decision.rule_id,
-            "allowed": decision.allowed,
-            "redactions": [r.rule_id for r in decision.redactions],
-        },
-    )
+    if policy_log.isEnabledFor(logging.INFO):  # the subject's dict only for a record kept
+        policy_log.info(
+            "policy %s by %s for %s",
+            "allowed" if decision.allowed else "denied",
+            decision.rule_id or "default",
+            subject.as_dict(),
+            extra={
+                "run_id": run_id,
+                "rule_id": decision.rule_id,
+                "allowed": decision.allowed,
+                "redactions": [r.rule_id for r in decision.redactions],
+            },
+        )
     if not decision.allowed:
         raise PolicyDenied(decision.rule_id or "", subject)
     return decision
