@@ -249,6 +249,11 @@ class Hub:
         elif chan.refs <= 0:
             del self._steps[step_id]
 
+    def runs_here(self, step_id: str) -> bool:
+        """The step's execution in this process holds its channel: it left its queue."""
+        chan = self._steps.get(step_id)
+        return chan is not None and chan.held
+
     def known_step(self, step_id: str) -> Channel | None:
         """The whole channel of a step run here (running, or ended and retained)."""
         chan = self._steps.get(step_id)

@@ -131,8 +131,10 @@ class QueueNarration:
         self.poll_s = orch.settings.stream.poll_s
 
     async def __call__(self) -> bytes | None:
-        async with self._orch.db.read() as session:
-            text = await queue_narration(session, step_id=self._step_id)
+        text = None
+        if not self._orch.hub.runs_here(self._step_id):  # else no read: it left its queue
+            async with self._orch.db.read() as session:
+                text = await queue_narration(session, step_id=self._step_id)
         if text is None:
             self.active = False  # a step never queues again
             return None

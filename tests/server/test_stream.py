@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from typing import Any
 
 import httpx
 import pytest
@@ -245,6 +246,30 @@ async def test_a_queued_step_is_told_where_it_waits(db_url: str) -> None:
         await wait_status(live, queued, "succeeded")
         events = await read_stream(live, f"/v1/steps/{queued}/stream")
         assert "narration" not in [e.event for e in events]  # the log has none of it
+
+
+async def test_a_quiet_stream_of_a_step_running_here_reads_no_queue_place(
+    db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The queue narration looks in the database only for a step that may still wait: a
+    stream whose step runs in its process goes quiet (slow tokens) without reading it."""
+    from orchestratord.steps.queries import queue_narration as real
+    from orchestratord.streams import sse
+
+    looked: list[str] = []
+
+    async def counted(session: Any, *, step_id: str) -> str | None:
+        looked.append(step_id)
+        return await real(session, step_id=step_id)
+
+    monkeypatch.setattr(sse, "queue_narration", counted)
+    settings = make_settings(db_url, sim={"tokens_per_s": 8.0}, stream={"poll_s": 0.02})
+    async with _serve(settings) as live:
+        run_id = await make_run(live)
+        step_id = (await submit(live, run_id, token="slow", max_tokens=4)).json()["step_id"]
+        events = await read_stream(live, f"/v1/steps/{step_id}/stream")
+        assert [e.event for e in events].count("token") == 4  # quiet waits between them
+    assert looked == []
 
 
 async def test_long_engine_steps_report_metrics_at_most_once_a_second(db_url: str) -> None:
