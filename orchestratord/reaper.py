@@ -73,9 +73,11 @@ class LeaseKeeper:
                 log.exception("lease renewal or reaping failed")
 
     async def renew(self) -> None:
-        running = list(self._running())
+        running = list(self._running())  # one begun meanwhile has a lease fresh enough
+        if not running:
+            return
         async with self.db.write() as session:
-            held = await leases.renew(session, self.terms)
+            held = await leases.renew(session, self.terms, running)
         missing = [sid for sid in running if sid not in held]
         if not missing:
             return

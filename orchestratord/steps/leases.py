@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import socket
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -76,21 +76,28 @@ _RENEW = (
     .where(
         Step.lease_owner == sa.bindparam("owner"),
         Step.status == StepStatus.RUNNING.value,
+        Step.step_id.in_(sa.bindparam("ids", expanding=True)),
     )
     .values(lease_expires_at=sa.bindparam("until", type_=Step.lease_expires_at.type))
     .returning(Step.step_id)
 )
+_RENEW_CHUNK = 4096  # step ids per statement (SQLite's limit on parameters is 32,766)
 
 
-async def renew(session: AsyncSession, terms: LeaseTerms) -> set[str]:
-    """Push every lease this process holds ``lease_s`` ahead; the steps it still holds."""
+async def renew(session: AsyncSession, terms: LeaseTerms, step_ids: Sequence[str]) -> set[str]:
+    """Push ``lease_s`` ahead the leases this process holds on ``step_ids`` (the steps it
+    runs); the ones it still holds. A step leased to it that it does not run (its submission
+    committed as its request was cancelled) is left to expire and be reaped."""
     until = clock.now() + timedelta(seconds=terms.lease_s)
-    rows = await session.execute(
-        _RENEW,
-        {"owner": terms.owner, "until": until},
-        execution_options={"synchronize_session": False},
-    )
-    return set(rows.scalars())
+    held: set[str] = set()
+    for i in range(0, len(step_ids), _RENEW_CHUNK):
+        rows = await session.execute(
+            _RENEW,
+            {"owner": terms.owner, "until": until, "ids": list(step_ids[i : i + _RENEW_CHUNK])},
+            execution_options={"synchronize_session": False},
+        )
+        held.update(rows.scalars())
+    return held
 
 
 _RELEASE = (

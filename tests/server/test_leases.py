@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from orchestratord.api.app import create_app
+from orchestratord.db.models import Step
 from orchestratord.runtime import Orchestrator
 from orchestratord.settings import Settings
 from tests.conftest import make_settings
@@ -274,3 +275,23 @@ async def test_a_sibling_of_the_same_name_that_renews_is_left_alone(pg_only: str
         step = await wait_status(client, step_id, "succeeded", "failed")
         assert step["status"] == "succeeded"
         assert first.keeper.reaped == 0
+
+
+async def test_a_step_leased_here_but_not_run_here_is_left_to_expire(db_url: str) -> None:
+    """A running step leased to this process that no execution here holds (its submission
+    committed as its request was cancelled) is not renewed: its lease runs out, the reaper
+    queues it again, and it runs."""
+    async with serving(lease_settings(db_url)) as (orch, client):
+        run_id = await make_run(client)
+        orch.dispatcher.pause()
+        step_id = (await submit(client, run_id, token="orphan", max_tokens=2)).json()["step_id"]
+        async with orch.db.write() as session:  # as its submission would have left it
+            step = await session.get(Step, step_id)
+            assert step is not None and step.status == "queued"
+            step.status = "running"
+            orch.leases.grant(step)
+        assert step_id not in orch.dispatcher.executions
+        orch.dispatcher.paused = False
+        done = await wait_status(client, step_id, "succeeded", "failed")
+        assert done["status"] == "succeeded"
+        assert orch.keeper.requeued == 1
