@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import pytest
 import sqlalchemy as sa
 
 from orchestratord.db import json_codec
@@ -53,3 +54,26 @@ def test_non_finite_floats_are_not_turned_into_null() -> None:
     assert text == '{"x":NaN,"y":Infinity,"z":null}'
     back = json_codec.loads(text)
     assert math.isnan(back["x"]) and back["y"] == math.inf and back["z"] is None
+
+
+def test_a_value_holding_none_but_no_non_finite_float_is_written_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A ``null`` in orjson's text is a NaN only if the value holds one: a ``None`` alone is
+    not encoded a second time."""
+    calls: list[object] = []
+    real = json_codec._standard
+
+    def counted(value: object) -> str:
+        calls.append(value)
+        return real(value)
+
+    monkeypatch.setattr(json_codec, "_standard", counted)
+    assert json_codec.dumps({"a": None, "b": [1.5, None, {"c": 2}]}) == (
+        '{"a":null,"b":[1.5,null,{"c":2}]}'
+    )
+    assert calls == []
+    for hidden in ([None, [math.nan]], {"a": None, "b": {"c": (1, -math.inf)}}, {math.nan: None}):
+        text = json_codec.dumps(hidden)
+        assert "NaN" in text or "Infinity" in text, text
+    assert len(calls) == 3
