@@ -215,15 +215,16 @@ async def insert_events(
         for offset, ev in enumerate(batch):
             ev.run_seq = offset  # in its run's part of the batch, until cursors are taken
         ordered.extend(batch)
-    if dialect_of(target).name == "postgresql":
+    on_postgresql = dialect_of(target).name == "postgresql"
+    if on_postgresql:  # the rows go with their offsets: the statement adds the cursors taken
         bases = await _append_on_postgresql(target, runs, per_run, ordered, alone=alone)
     else:
         bases = await _take_cursors(target, runs, per_run)
-        rows = [(r[0], bases[r[0]] + r[1], *r[2:]) for r in _rows(ordered)]
-        # the driver's own executemany with plain tuples: per row, no parameter processing
-        await driver_sql(target, _INSERT_SQL, rows, many=True)
     for ev in ordered:
         ev.run_seq = bases[ev.run_id] + (ev.run_seq or 0)
+    if not on_postgresql:
+        # the driver's own executemany with plain tuples: per row, no parameter processing
+        await driver_sql(target, _INSERT_SQL, _rows(ordered), many=True)
     return ordered
 
 

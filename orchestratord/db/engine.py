@@ -272,7 +272,8 @@ class Database:
                     conn = await (engine or self.engine).connect()
                     adapted = asyncpg_adapter(conn)
                 if adapted is not None:
-                    async with self._pg_write_tx(conn, adapted, kept, 1 if urgent else None) as tx:
+                    keep_max = 1 if urgent else self._held_max
+                    async with self._pg_write_tx(conn, adapted, kept, keep_max) as tx:
                         yield tx
                     return
                 self._pg_driver = False  # another SQLAlchemy than this was written against
@@ -315,12 +316,12 @@ class Database:
         conn: AsyncConnection,
         adapted: Any,
         kept: list[tuple[AsyncConnection, Any]],
-        keep_max: int | None,
+        keep_max: int,
     ) -> AsyncIterator[WriteTx]:
         """Begun on asyncpg at the first statement; a session made in it is bound to the same
         connection and joins it. Committed: the connection is kept (in ``kept``, up to
-        ``keep_max``, else ``_held_max``) for the next one; on any failure it goes back to the
-        pool, which rolls back what it holds (or drops it)."""
+        ``keep_max``) for the next one; on any failure it goes back to the pool, which rolls
+        back what it holds (or drops it)."""
 
         def session() -> AsyncSession:
             joined = self._writer(bind=conn)
@@ -338,7 +339,7 @@ class Database:
         finally:
             if tx.joined is not None:
                 await tx.joined.close()
-            if keep and len(kept) < (keep_max or self._held_max):
+            if keep and len(kept) < keep_max:
                 kept.append((conn, adapted))
             else:
                 await conn.close()

@@ -89,14 +89,17 @@ async def answer_submission(
 
             def announce(new: Step) -> None:
                 # its log is empty until it commits: its streams start from memory
-                if orch.hub_sees_every_write:
-                    step_id = new.step_id
-                    announced.append(step_id)
-                    tx.on_rollback(lambda: orch.hub.forget_step(step_id))
-                    orch.hub.expect_step(step_id, cancel_on_disconnect=new.cancel_on_disconnect)
+                step_id = new.step_id
+                announced.append(step_id)
+                tx.on_rollback(lambda: orch.hub.forget_step(step_id))
+                orch.hub.expect_step(step_id, cancel_on_disconnect=new.cancel_on_disconnect)
 
             done = await submit(
-                tx, run_id=run_id, body=typed, ctx=orch.submit_context, announce=announce
+                tx,
+                run_id=run_id,
+                body=typed,
+                ctx=orch.submit_context,
+                announce=announce if orch.hub_sees_every_write else None,
             )
     except BaseException:
         if stream:
