@@ -9,6 +9,13 @@ The rules never ask which kind of step they hold: they call the kind's protocol
     LoadRun -> ResolveKind -> Place -> Police -> BoundPrompt -> MatchRecord -> Quote -> StartNow
     -> Admit -> Insert
 
+On PostgreSQL a run the process has read before is taken as it kept it (``runs/kept.py``),
+with no read: its settings never change, and what does (its status, its budget, whether the
+client_token was used) is checked by the one statement that stores the step. Anything that
+statement or a rule finds only a fresh read can decide (a refusal, the token taken, a run
+near its budget, a step that must wait) starts the submission again from a read
+(``ReadAgain``): only a step stored from the kept run answers from it.
+
 In a replay run ``Place`` takes the run's row lock and matches the recorded step at the
 step's position; ``MatchRecord`` serves a step no engine runs again from the record (or
 ends it with ``REPLAY_MISS``) without price or admission. In a record run an engine step
@@ -35,11 +42,17 @@ from orchestrator_core import budgets, clock
 from orchestrator_core.admission import PRIORITY_RANK, AdmissionPolicy, admit, dropped_error
 from orchestrator_core.budgets import BudgetExceeded, Ledger, Limits, Reservation
 from orchestrator_core.canonical import sha256_of
-from orchestrator_core.errors import Conflict, NotFound, PoolUnavailable, TooLarge
+from orchestrator_core.errors import (
+    Conflict,
+    NotFound,
+    OrchestratorError,
+    PoolUnavailable,
+    TooLarge,
+)
 from orchestrator_core.generation import LlmInput
 from orchestrator_core.lifecycle import RunStatus, StepStatus, check_run_accepts_steps
 from orchestrator_core.placement import choose_pool
-from orchestrator_core.policy import Decision, PolicyDenied, PolicySubject, RulePolicy, redact_json
+from orchestrator_core.policy import Decision, PolicyDenied, PolicySubject, redact_json
 from orchestrator_core.pricing import Price
 from orchestratord import tracing
 from orchestratord.db.models import Flow, Run, Step
@@ -56,6 +69,7 @@ from orchestratord.policies import policy_of
 from orchestratord.pools.registry import Pool, PoolRegistry, Replica
 from orchestratord.prices import PriceBook
 from orchestratord.replay.steps import ReplayTarget, lock_run, replay_target, serve_recorded
+from orchestratord.runs.kept import KeptRuns
 from orchestratord.runs.ledger import (
     RESERVE,
     read_ledger,
@@ -106,6 +120,7 @@ class SubmitContext:
     metrics: Metrics = field(default_factory=Metrics)
     max_prompt_chars: int = 1_000_000
     starter: Starter | None = None  # None: every step waits for the dispatcher
+    runs: KeptRuns = field(default_factory=KeptRuns)  # PostgreSQL: runs read before
 
 
 @dataclass(frozen=True)
@@ -139,6 +154,8 @@ class Submission:
     slot: Slot | None = None  # StartNow: the free slot the step took
     queue_unchecked: bool = False  # StartNow left the pool's queue to Insert's statement
     announce: Callable[[Step], None] | None = None  # see ``submit_step``
+    kept: dict[str, Any] | None = None  # the run as kept, not read (see the module's docstring)
+    subject: PolicySubject | None = None  # a kept run's: its decision is not yet recorded
 
     @property
     def session(self) -> AsyncSession:
@@ -163,6 +180,10 @@ class Rule(Protocol):
     async def apply(self, sub: Submission) -> Submitted | None: ...
 
 
+class ReadAgain(Exception):
+    """A submission from a kept run met what only a fresh read of the run decides."""
+
+
 # the run and the step its client_token already made, if one: one statement (a repeated
 # request is rare; its step is loaded only then)
 _RUN_COLUMNS = tuple(c.key for c in cast(sa.Table, Run.__table__).columns)
@@ -178,22 +199,29 @@ _RUN_AND_TOKEN = Prepared(
 
 class LoadRun:
     """The run exists; a repeated ``client_token`` answers with the first step; the run
-    still takes steps."""
+    still takes steps. A kept run is not read: ``Insert``'s one statement checks all three."""
 
     async def apply(self, sub: Submission) -> Submitted | None:
         body = sub.body
-        params = {"run_id": sub.run_id, "token": body.client_token}
-        found = await _RUN_AND_TOKEN.first(sub.db, params)
-        if found is None:
-            raise NotFound("run", sub.run_id)
-        sub.run = detached(Run, dict(zip(_RUN_COLUMNS, found, strict=False)))
-        repeated = found[-1]
         sub.request_hash = sha256_of(
             {
                 **body.model_dump(mode="json", exclude={"client_token", "input"}),
                 "input": body.input.model_dump(mode="json", exclude_unset=True),
             }
         )
+        if sub.kept is not None:  # a running record run: the statement storing the step checks
+            sub.run = detached(Run, sub.kept)
+            return None
+        params = {"run_id": sub.run_id, "token": body.client_token}
+        found = await _RUN_AND_TOKEN.first(sub.db, params)
+        if found is None:
+            sub.ctx.runs.drop(sub.run_id)
+            raise NotFound("run", sub.run_id)
+        values = dict(zip(_RUN_COLUMNS, found, strict=False))
+        sub.run = detached(Run, values)
+        if not sub.sqlite:  # where a read is a round trip
+            sub.ctx.runs.keep(sub.run_id, values)
+        repeated = found[-1]
         if repeated is not None:
             existing = await by_token(sub.session, sub.run_id, body.client_token)
             assert existing is not None  # steps are never deleted
@@ -260,14 +288,14 @@ class Police:
             pool.model_name if pool is not None else target.model if target is not None else None
         )
         subject = sub.kind.subject(sub.stored, model=model, pool=sub.pool_id)
-        decisions = sub.ctx.metrics.policy
-        try:
-            sub.decision = enforce_logged(sub.run_id, policy_of(sub.run), subject)
-        except PolicyDenied:
-            decisions.labels("denied").inc()
-            raise
-        decisions.labels("allowed").inc()
-        if sub.decision.patterns:
+        sub.decision = decision = policy_of(sub.run).evaluate(subject)
+        if sub.kept is None:
+            record_decision(sub.ctx.metrics, sub.run_id, subject, decision)
+        else:  # recorded once, by the attempt that answers (a kept run's may read again)
+            sub.subject = subject
+        if not decision.allowed:
+            raise PolicyDenied(decision.rule_id or "", subject)
+        if decision.patterns:
             sub.stored = redact_json(sub.stored, sub.decision.patterns)
         sub.llm = sub.kind.llm_input(sub.stored)
         return None
@@ -413,6 +441,8 @@ class Admit:
     async def apply(self, sub: Submission) -> Submitted | None:
         if not sub.kind.engine or sub.slot is not None:
             return None
+        if sub.kept is not None:  # the queue's lock begins a transaction: the run is read
+            raise ReadAgain
         priority = sub.body.priority
         if not sub.sqlite:  # one admitter per priority at a time across processes
             await admission_lock(sub.session, priority)
@@ -422,6 +452,7 @@ class Admit:
 
 
 _STEP_TABLE = cast(sa.Table, Step.__table__)
+_RUNS = cast(sa.Table, Run.__table__)
 _STEP_COLUMNS = tuple(c.key for c in _STEP_TABLE.columns)
 _INSERT_STEP = Prepared(_STEP_TABLE.insert())
 _INSERT_STEP_UNLESS_TOKEN = Prepared(
@@ -443,8 +474,19 @@ _AHEAD = sa.select(
     .where(*_queued(pool_id="q_pool"), Step.priority_rank <= sa.bindparam("q_rank"))
     .label("ahead")
 ).cte("ahead")
-# the reservation, unless a step waits ahead (``StartNow`` left the check to this statement)
-_RESERVED = RESERVE.where(~sa.select(_AHEAD.c.ahead).scalar_subquery()).cte("reserved")
+# the reservation, unless a step waits ahead (``StartNow`` left the check to this statement),
+# in a run that still takes steps and has no step of this client_token (a kept run's status
+# and steps were not read; a token taken by a statement not yet committed still fails the
+# insert)
+_TOKEN_USED = sa.exists().where(
+    _STEP_TABLE.c.run_id == sa.bindparam("b_run_id"),
+    _STEP_TABLE.c.client_token == sa.bindparam("s_client_token"),
+)
+_RESERVED = (
+    RESERVE.where(~sa.select(_AHEAD.c.ahead).scalar_subquery())
+    .where(_RUNS.c.status == RunStatus.RUNNING.value, ~_TOKEN_USED)
+    .cte("reserved")
+)
 _INSERTED = (
     _STEP_TABLE.insert()
     .from_select(
@@ -501,16 +543,22 @@ class Insert:
             try:
                 done = await self._in_one_statement(sub)
             except IntegrityError as exc:
+                if sub.kept is not None:  # its token was used (a repeat, most likely)
+                    raise ReadAgain from exc
                 return await self._taken(sub, exc)
             if isinstance(done, tuple):
                 step, ledger = done
                 return Submitted(step, True, ledger, sub.run)
+            if sub.kept is not None:  # waits, or does not fit: what a read decides
+                raise ReadAgain
             if done is _WAITS:  # a step waits ahead in its pool: this one waits too, admitted
                 assert sub.slot is not None
                 sub.slot.release()
                 sub.slot = None
                 await _ADMIT.apply(sub)
             # else the budget did not fit the ledger the submission read: read it again, below
+        if sub.kept is not None:  # no read, no status checked: stored by the one statement only
+            raise ReadAgain
         assert not sub.queue_unchecked or sub.slot is None  # only one statement checks it
         try:
             if sub.verdict == "drop_oldest":  # a victim ended: undone with the savepoint
@@ -542,7 +590,11 @@ class Insert:
         rank = PRIORITY_RANK[sub.body.priority]
         try:
             reservation = self._plan(sub, ledger_of(sub.run))
+            if sub.kept is not None and reservation != self._plan(sub, Ledger()):
+                raise ReadAgain  # the run's ledger shaped it: what it holds now decides
         except BudgetExceeded:  # read again below; the queue first, as StartNow would have
+            if sub.kept is not None:
+                raise ReadAgain from None
             ahead = {"pool_id": sub.pool_id, "rank": rank}
             if unchecked and (await _AHEAD_IN_POOL.rows(sub.db, ahead))[0][0]:
                 return _WAITS
@@ -551,6 +603,10 @@ class Insert:
         started = self._claim(sub, step)
         held = step.__dict__
         params = reserve_params(sub.run_id, limits, reservation)
+        if sub.kept is not None and limits.max_cost_usd is not None:
+            # fits without the rounding margin: then the ledger, whatever it holds now, gives
+            # this very reservation (it fits unclamped, as it did in an empty ledger)
+            params["max_cost"] = limits.max_cost_usd
         params.update({f"s_{c}": held.get(c) for c in _STEP_COLUMNS})
         params.update(q_pool=sub.pool_id if unchecked else None, q_rank=rank)
         if sub.announce is not None:
@@ -561,6 +617,7 @@ class Insert:
             nothing_written(sub.db)
             return _WAITS if row[0] else None
         step.position, ledger = reserved(row[1:])
+        sub.ctx.runs.saw_ledger(sub.run_id, ledger)
         self._begin_after_commit(sub, started)
         return step, ledger
 
@@ -675,14 +732,40 @@ async def submit_step(
     may commit the transaction by itself, ``Insert``): what must be in place before the
     step exists, and must not fail after, goes there. A step announced may still not be the
     one returned (its token taken meanwhile, a budget read again)."""
-    sub = Submission(tx=tx, ctx=ctx, run_id=run_id, body=body, announce=announce)
     with tracing.span("step.submit", run_id=run_id, kind=body.type) as span:
-        for rule in RULES:
-            answer = await rule.apply(sub)
-            if answer is not None:
-                tracing.submitted(span, answer.step, created=answer.created)
-                return answer
+        answer = None
+        kept = None if tx.sqlite or not can_run_alone(tx.target) else ctx.runs.get(run_id)
+        if kept is not None:
+            sub = Submission(tx=tx, ctx=ctx, run_id=run_id, body=body, announce=announce)
+            sub.kept = kept
+            answer = await _from_kept(sub)
+        if answer is None:
+            sub = Submission(tx=tx, ctx=ctx, run_id=run_id, body=body, announce=announce)
+            answer = await _apply(sub)
+        tracing.submitted(span, answer.step, created=answer.created)
+        return answer
+
+
+async def _apply(sub: Submission) -> Submitted:
+    for rule in RULES:
+        answer = await rule.apply(sub)
+        if answer is not None:
+            return answer
     raise AssertionError("the last rule always answers")  # pragma: no cover
+
+
+async def _from_kept(sub: Submission) -> Submitted | None:
+    """The submission from the run as kept; None where a fresh read must decide (nothing
+    was written: the slot a rule took is given back)."""
+    try:
+        answer = await _apply(sub)
+    except (ReadAgain, OrchestratorError):
+        if sub.slot is not None:
+            sub.slot.release()
+        return None
+    assert sub.subject is not None  # stored: it was allowed
+    record_decision(sub.ctx.metrics, sub.run_id, sub.subject, sub.decision)
+    return answer
 
 
 def build_step(sub: Submission, *, position: int, reservation: Reservation | None) -> Step:
@@ -759,9 +842,11 @@ async def _submit_unexecuted(sub: Submission, target: ReplayTarget) -> Submitted
     return Submitted(step, True, await read_ledger(session, run_id=run.run_id), run)
 
 
-def enforce_logged(run_id: str, policy: RulePolicy, subject: PolicySubject) -> Decision:
-    """Evaluate the policy; every decision is logged with the rule that made it."""
-    decision = policy.evaluate(subject)
+def record_decision(
+    metrics: Metrics, run_id: str, subject: PolicySubject, decision: Decision
+) -> None:
+    """Count a policy decision and log it with the rule that made it (every one, once)."""
+    metrics.policy.labels("allowed" if decision.allowed else "denied").inc()
     if policy_log.isEnabledFor(logging.INFO):  # the subject's dict only for a record kept
         policy_log.info(
             "policy %s by %s for %s",
@@ -775,9 +860,6 @@ def enforce_logged(run_id: str, policy: RulePolicy, subject: PolicySubject) -> D
                 "redactions": [r.rule_id for r in decision.redactions],
             },
         )
-    if not decision.allowed:
-        raise PolicyDenied(decision.rule_id or "", subject)
-    return decision
 
 
 async def admission_lock(session: AsyncSession, priority: str) -> None:

@@ -4,7 +4,8 @@ the run with the step its token made (if any), whether a step waits ahead in its
 reservation, the insert; it takes no admission lock (it never waits in the queue) and no
 savepoint. On PostgreSQL that is two round trips in all: the run read on its own, then the
 pool's queue, the reservation and the insert as one statement that commits by itself (no
-BEGIN, no COMMIT)."""
+BEGIN, no COMMIT); and one only for a run the process has read before (``runs/kept.py``):
+the statement checks what a read would have (the run's status, its budget, the token)."""
 
 from __future__ import annotations
 
@@ -111,6 +112,7 @@ async def test_an_engine_step_is_submitted_in_four_statements(
     await wait_status(
         client, (await submit(client, run_id, token="w")).json()["step_id"], "succeeded"
     )
+    orch.submit_context.runs.drop(run_id)  # as a process that has not read it
     statements.start()
     r = await submit(client, run_id, token="a", max_tokens=2)
     assert r.status_code == 202 and r.json()["status"] == "running", r.text
@@ -122,7 +124,7 @@ async def test_an_engine_step_is_submitted_in_four_statements(
         assert seen[-1].startswith("INSERT INTO steps")
     else:  # two round trips: the last one checks the pool's queue and commits the step
         assert len(seen) == 2, seen
-        assert seen[1].startswith("WITH ahead AS (SELECT EXISTS"), seen
+        assert seen[1].startswith(ONE_STATEMENT), seen
     await wait_status(client, r.json()["step_id"], "succeeded")
     async with orch.db.read() as session:  # what was reserved, and where the step stands
         run = await session.get(Run, run_id)
@@ -131,6 +133,33 @@ async def test_an_engine_step_is_submitted_in_four_statements(
     assert (step.position, run.step_count) == (1, 2)
     assert step.tokens_out_reserved == 2 and run.tokens_out_reserved == 0  # settled
     assert (step.status, step.attempts, step.replica_id) == ("succeeded", 1, "r0")
+
+
+ONE_STATEMENT = "WITH ahead AS (SELECT EXISTS"
+
+
+async def test_a_run_read_before_is_not_read_again(
+    orch: Orchestrator, client: httpx.AsyncClient, statements: Statements
+) -> None:
+    """PostgreSQL: the run as the process kept it; the one statement stores the step."""
+    if orch.db.is_sqlite:
+        pytest.skip("SQLite reads the run in-process: no round trip to save")
+    run_id = await make_run(client, budgets={"max_tokens_out": 100})
+    first = await submit(client, run_id, token="w", max_tokens=2)
+    await wait_status(client, first.json()["step_id"], "succeeded")
+    statements.start()
+    r = await submit(client, run_id, token="a", max_tokens=2)
+    assert r.status_code == 202 and r.json()["status"] == "running", r.text
+    assert statements.seen == [statements.seen[0]] and statements.seen[0].startswith(
+        ONE_STATEMENT
+    ), statements.seen
+    assert r.headers["X-Budget-Tokens-Remaining"] == "96"  # 2 used, 2 held: the fresh ledger
+    await wait_status(client, r.json()["step_id"], "succeeded")
+    async with orch.db.read() as session:
+        run = await session.get(Run, run_id)
+        step = await session.get(Step, r.json()["step_id"])
+    assert run is not None and step is not None
+    assert (step.position, run.step_count, run.tokens_out_used) == (1, 2, 4)
 
 
 async def test_a_repeated_token_answers_with_its_first_step(
@@ -142,8 +171,14 @@ async def test_a_repeated_token_answers_with_its_first_step(
     statements.start()
     again = await submit(client, run_id, token="same", max_tokens=2)
     assert again.status_code == 200 and again.json()["step_id"] == first.json()["step_id"]
-    # the run with the token's step id, then that step: nothing reserved or inserted
-    assert [s.split(" ", 1)[0] for s in statements.seen] == ["SELECT", "SELECT"], statements.seen
+    # the run with the token's step id, then that step: nothing reserved or inserted (on
+    # PostgreSQL the kept run's statement first, which finds the token and writes nothing)
+    kept = [] if orch.db.is_sqlite else ["WITH"]
+    assert [s.split(" ", 1)[0] for s in statements.seen] == [*kept, "SELECT", "SELECT"], (
+        statements.seen
+    )
+    run = (await client.get(f"/v1/runs/{run_id}")).json()
+    assert run["step_count"] == 1 and run["reserved"]["tokens_out"] == 0
     different = await submit(client, run_id, token="same", max_tokens=3)
     assert different.status_code == 409, different.text
     assert different.json()["details"]["step_id"] == first.json()["step_id"]

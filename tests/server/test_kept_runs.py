@@ -1,0 +1,160 @@
+"""Runs a process has read before, taken without reading them again (PostgreSQL).
+
+The statement that stores the step checks what a read would have seen; whatever it (or a
+rule) finds that only a fresh read decides starts the submission again from a read. Here
+each change is made behind the process's back, as another process would make it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+import sqlalchemy as sa
+
+from orchestratord.db.models import Run, Step
+from orchestratord.runs.kept import KeptRuns
+from orchestratord.runtime import Orchestrator
+from test_harness.perturbed import PerturbedAdapter
+from tests.helpers import make_run, submit, wait_status
+from worker_adapters.base import Health
+
+
+@pytest.fixture
+def kept(orch: Orchestrator) -> KeptRuns:
+    if orch.db.is_sqlite:
+        pytest.skip("SQLite reads the run in-process: no run is kept")
+    return orch.submit_context.runs
+
+
+async def kept_run(client: httpx.AsyncClient, kept: KeptRuns, **body: Any) -> tuple[str, str]:
+    """A run with one step that succeeded (2 tokens): the process has read it."""
+    run_id = await make_run(client, **body)
+    first = await submit(client, run_id, token="first", max_tokens=2)
+    assert first.status_code == 202, first.text
+    await wait_status(client, first.json()["step_id"], "succeeded")
+    assert kept.get(run_id) is not None
+    return run_id, first.json()["step_id"]
+
+
+async def elsewhere(orch: Orchestrator, run_id: str, **values: Any) -> None:
+    """The run changed by another process (this one's kept copy does not see it)."""
+    async with orch.db.write() as session:
+        await session.execute(sa.update(Run).where(Run.run_id == run_id).values(**values))
+
+
+async def step_ids(client: httpx.AsyncClient, run_id: str) -> list[str]:
+    return [s["step_id"] for s in (await client.get(f"/v1/runs/{run_id}/steps")).json()]
+
+
+async def test_a_run_ended_elsewhere_takes_no_step(
+    orch: Orchestrator, client: httpx.AsyncClient, kept: KeptRuns
+) -> None:
+    run_id, first = await kept_run(client, kept)
+    await elsewhere(orch, run_id, status="cancelled")
+    free = orch.pools.pools["local"].free_slots
+    r = await submit(client, run_id, token="late", max_tokens=2)
+    assert r.status_code == 409 and r.json()["code"] == "RUN_ENDED", r.text
+    assert await step_ids(client, run_id) == [first]
+    assert orch.pools.pools["local"].free_slots == free  # the slot it took went back
+    assert kept.get(run_id) is None  # read again: it is let go
+
+
+async def test_a_budget_spent_elsewhere_is_granted_as_a_read_would(
+    orch: Orchestrator, client: httpx.AsyncClient, kept: KeptRuns
+) -> None:
+    """The kept ledger says 8 tokens are left; another process spent 6 of them: the step
+    is clamped to the 2 really left, not granted the 4 it asks for."""
+    run_id, _ = await kept_run(client, kept, budgets={"max_tokens_out": 10})
+    await elsewhere(orch, run_id, tokens_out_used=8)
+    r = await submit(client, run_id, token="next", max_tokens=4)
+    assert r.status_code == 202, r.text
+    assert r.headers["X-Budget-Tokens-Remaining"] == "0"
+    async with orch.db.read() as session:
+        step = await session.get(Step, r.json()["step_id"])
+    assert step is not None
+    assert (step.max_tokens_granted, step.budget_clamped) == (2, True)
+
+
+async def test_a_budget_freed_elsewhere_is_granted_as_a_read_would(
+    orch: Orchestrator, client: httpx.AsyncClient, kept: KeptRuns
+) -> None:
+    """The kept ledger (2 tokens held when it was last seen) would clamp a step asking for
+    9 of the 10 to 8; the run holds nothing now, and another process gave back what it
+    used: the step is granted all 9, unclamped."""
+    run_id, _ = await kept_run(client, kept, budgets={"max_tokens_out": 10})
+    await elsewhere(orch, run_id, tokens_out_used=0)
+    r = await submit(client, run_id, token="next", max_tokens=9)
+    assert r.status_code == 202, r.text
+    async with orch.db.read() as session:
+        step = await session.get(Step, r.json()["step_id"])
+    assert step is not None
+    assert (step.max_tokens_granted, step.budget_clamped) == (9, False)
+
+
+class _Down(PerturbedAdapter):
+    async def health(self) -> Health:
+        return Health(live=False, ready=False, detail="restarting")
+
+
+async def test_a_repeat_answers_with_its_step_where_a_new_one_is_refused(
+    orch: Orchestrator, client: httpx.AsyncClient, kept: KeptRuns
+) -> None:
+    """A repeated request is answered with its first step, whatever a new one would meet
+    (the kept attempt's refusal is not the answer): its budget spent, its pool down."""
+    run_id, first = await kept_run(client, kept, budgets={"max_tokens_out": 2})
+    again = await submit(client, run_id, token="first", max_tokens=2)
+    assert again.status_code == 200 and again.json()["step_id"] == first, again.text
+    new = await submit(client, run_id, token="new", max_tokens=2)
+    assert new.status_code == 409 and new.json()["code"] == "BUDGET_EXCEEDED", new.text
+    replica = orch.pools.pools["local"].replicas[0]
+    engine, replica.adapter = replica.adapter, _Down(replica.adapter)
+    try:
+        await orch.pools.refresh()
+        down = await submit(client, run_id, token="down", max_tokens=2)
+        assert down.status_code == 503 and down.json()["code"] == "POOL_UNAVAILABLE", down.text
+        again = await submit(client, run_id, token="first", max_tokens=2)
+        assert again.status_code == 200 and again.json()["step_id"] == first, again.text
+    finally:
+        replica.adapter = engine
+        await orch.pools.refresh()
+
+
+async def test_each_policy_decision_is_counted_once(
+    orch: Orchestrator, client: httpx.AsyncClient, kept: KeptRuns
+) -> None:
+    run_id, _ = await kept_run(client, kept)
+    decisions = orch.metrics.policy
+    allowed, denied = decisions.labels("allowed"), decisions.labels("denied")
+    before = allowed._value.get(), denied._value.get()
+    r = await submit(client, run_id, token="second", max_tokens=2)
+    assert r.status_code == 202, r.text
+    large = await submit(client, run_id, token="large", max_tokens=2, prompt="x" * 2_000_000)
+    assert large.status_code == 413, large.text  # the kept attempt refused it, then the read
+    assert (allowed._value.get(), denied._value.get()) == (before[0] + 2, before[1])
+    denying = await make_run(
+        client, policy={"rules": [{"id": "no", "effect": "deny", "match": {}}]}
+    )
+    for token in ("a", "b"):  # the second from the kept run: refused, read, refused again
+        r = await submit(client, denying, token=token, max_tokens=2)
+        assert r.status_code == 403, r.text
+    assert kept.get(denying) is not None
+    assert denied._value.get() == before[1] + 2
+
+
+def test_kept_runs_are_running_record_runs_least_recently_used_let_go() -> None:
+    runs = KeptRuns(size=2)
+    running = {"mode": "record", "status": "running"}
+    runs.keep("a", dict(running))
+    runs.keep("b", dict(running))
+    assert runs.get("a") is not None  # now the most recently used
+    runs.keep("c", dict(running))
+    assert (runs.get("a"), runs.get("b"), len(runs)) == (running, None, 2)
+    runs.keep("a", {"mode": "record", "status": "cancelled"})
+    runs.keep("r", {"mode": "replay", "status": "running"})
+    assert (runs.get("a"), runs.get("r"), len(runs)) == (None, None, 1)
+    none = KeptRuns(size=0)
+    none.keep("a", dict(running))
+    assert len(none) == 0
+    with pytest.raises(ValueError, match="size"):
+        KeptRuns(size=-1)
