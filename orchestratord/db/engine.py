@@ -132,8 +132,9 @@ class WriteTx:
         return self.joined if self.joined is not None else self.driver
 
 
-# inside a PostgreSQL write transaction of ``Database.write_tx`` (a nested one takes no turn)
-_IN_PG_WRITE: ContextVar[bool] = ContextVar("in_pg_write", default=False)
+# the task inside a PostgreSQL write transaction of ``Database.write_tx`` (a nested one
+# takes no turn); a task it creates inherits the value, not the exemption: it is another task
+_IN_PG_WRITE: ContextVar[asyncio.Task[Any] | None] = ContextVar("in_pg_write", default=None)
 
 # JSON columns: orjson, with json.dumps for what it refuses (db/json_codec.py)
 JSON_CODEC: dict[str, Any] = {
@@ -259,10 +260,11 @@ class Database:
         if self._pg_driver:
             # a turn among the process's write transactions, unless this one runs inside one
             # (its connection is held meanwhile) or is the event writer's
-            turn = not urgent and not _IN_PG_WRITE.get()
+            task = asyncio.current_task()
+            turn = not urgent and (task is None or _IN_PG_WRITE.get() is not task)
             if turn:
                 await self._write_turns.acquire()
-            inside = _IN_PG_WRITE.set(True)
+            inside = _IN_PG_WRITE.set(task)
             try:
                 kept = self._urgent_held if urgent else self._held
                 if kept:

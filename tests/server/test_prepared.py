@@ -457,6 +457,41 @@ async def test_a_write_transaction_inside_another_takes_no_turn(db: Database) ->
 
 
 @_PG_ONLY
+async def test_a_task_started_inside_a_write_transaction_takes_its_own_turn(
+    db: Database,
+) -> None:
+    """Only the task holding a transaction is exempt: one it starts meanwhile (inheriting
+    its context) runs its transactions on their own connections, in turn with the rest."""
+    await _seed(db, _run("run_t1"), _run("run_t2"))
+    kept = db._held_max
+    release = asyncio.Event()
+    entered = asyncio.Event()
+
+    async def holder() -> None:
+        async with db.driver_write() as tx:
+            await _RUN_BY_ID.rows(tx, {"id": "run_t1"})
+            await release.wait()
+
+    async def child() -> None:
+        async with db.driver_write() as tx:
+            entered.set()
+            await _SET_STATUS.rows(tx, {"id": "run_t2", "s": "cancelling"})
+
+    holders = [asyncio.create_task(holder()) for _ in range(kept - 1)]
+    await until(lambda: db.engine.pool.checkedout() == kept - 1)  # type: ignore[attr-defined]
+    async with db.driver_write() as outer:  # the last turn
+        await _SET_STATUS.rows(outer, {"id": "run_t1", "s": "cancelling"})
+        started = asyncio.create_task(child())
+        await asyncio.sleep(0.1)
+        assert not entered.is_set()  # no turn is free: it waits
+    await asyncio.wait_for(entered.wait(), 10)  # the outer one's turn, given back
+    await started
+    release.set()
+    await asyncio.gather(*holders)
+    assert await _statuses(db) == {"run_t1": "cancelling", "run_t2": "cancelling"}
+
+
+@_PG_ONLY
 async def test_a_kept_connection_whose_backend_died_is_dropped_at_its_first_error(
     db: Database,
 ) -> None:
