@@ -42,8 +42,9 @@ from sqlalchemy.ext.asyncio import (
 from sqlalchemy.pool import StaticPool
 
 from orchestratord.db import json_codec
+from orchestratord.db.held import HeldConnections
 from orchestratord.db.inline_sqlite import InlineConnection, inline_creator, open_sqlite
-from orchestratord.db.prepared import DriverTx, PgTx, Target, asyncpg_adapter, commit_on_asyncpg
+from orchestratord.db.prepared import DriverTx, PgTx, Target, commit_on_asyncpg
 
 SQLITE_BUSY_TIMEOUT_MS = 5_000
 SQLITE_PRAGMAS = (
@@ -190,23 +191,20 @@ class Database:
         # PostgreSQL on asyncpg: connections held between session-less write transactions,
         # each with its asyncpg adapter
         self._pg_driver = self.dialect == "postgresql"
-        self._held: list[tuple[AsyncConnection, Any]] = []
-        self._held_max = max(1, pool_size // 2)
+        self._held = HeldConnections(self.engine, max(1, pool_size // 2))
         # as many of them run at once as are kept: more would open connections (and prepare
         # their statements again) only to share the same core; a burst waits its turn, first
         # come first served (measured: 50 concurrent submissions spent 7% of the process's
         # CPU connecting and 6% preparing statements on new connections)
-        self._write_turns = asyncio.Semaphore(self._held_max)
+        self._write_turns = asyncio.Semaphore(self._held.size)
         # the event writer's (``urgent``) connection, from a pool of its own: a burst of API
         # transactions holding every pooled connection cannot hold back committed tokens
         # (measured: 50 concurrent submissions held the first token of every stream until
         # the last of them had committed)
-        self._urgent_engine: AsyncEngine | None = None
-        self._urgent_held: list[tuple[AsyncConnection, Any]] = []
+        self._urgent_held: HeldConnections | None = None
         if not self.is_sqlite:
-            self._urgent_engine = create_async_engine(
-                self.url, **{**kwargs, "pool_size": 1, "max_overflow": 0}
-            )
+            urgent = create_async_engine(self.url, **{**kwargs, "pool_size": 1, "max_overflow": 0})
+            self._urgent_held = HeldConnections(urgent, 1)
         # names this process's writes (PostgreSQL wake-ups skip what the process wrote itself)
         self.origin = uuid.uuid4().hex[:16]
 
@@ -266,16 +264,11 @@ class Database:
                 await self._write_turns.acquire()
             inside = _IN_PG_WRITE.set(task)
             try:
-                kept = self._urgent_held if urgent else self._held
-                if kept:
-                    conn, adapted = kept.pop()
-                else:
-                    engine = self._urgent_engine if urgent else None
-                    conn = await (engine or self.engine).connect()
-                    adapted = asyncpg_adapter(conn)
+                held = self._urgent_held if urgent else self._held
+                assert held is not None  # PostgreSQL's
+                conn, adapted = await held.take()
                 if adapted is not None:
-                    keep_max = 1 if urgent else self._held_max
-                    async with self._pg_write_tx(conn, adapted, kept, keep_max) as tx:
+                    async with self._pg_write_tx(conn, adapted, held) as tx:
                         yield tx
                     return
                 self._pg_driver = False  # another SQLAlchemy than this was written against
@@ -317,13 +310,11 @@ class Database:
         self,
         conn: AsyncConnection,
         adapted: Any,
-        kept: list[tuple[AsyncConnection, Any]],
-        keep_max: int,
+        held: HeldConnections,
     ) -> AsyncIterator[WriteTx]:
         """Begun on asyncpg at the first statement; a session made in it is bound to the same
-        connection and joins it. Committed: the connection is kept (in ``kept``, up to
-        ``keep_max``) for the next one; on any failure it goes back to the pool, which rolls
-        back what it holds (or drops it)."""
+        connection and joins it. Committed: the connection is held for the next one; on any
+        failure it goes back to the pool, which rolls back what it holds (or drops it)."""
 
         def session() -> AsyncSession:
             joined = self._writer(bind=conn)
@@ -341,10 +332,7 @@ class Database:
         finally:
             if tx.joined is not None:
                 await tx.joined.close()
-            if keep and len(kept) < keep_max:
-                kept.append((conn, adapted))
-            else:
-                await conn.close()
+            await held.give_back(conn, adapted, keep=keep)
 
     @asynccontextmanager
     async def read(self) -> AsyncIterator[AsyncSession]:
@@ -366,11 +354,10 @@ class Database:
         return self._driver
 
     async def dispose(self) -> None:
-        held, self._held, self._urgent_held = [*self._held, *self._urgent_held], [], []
-        for conn, _ in held:
-            await conn.close()
-        if self._urgent_engine is not None:
-            await self._urgent_engine.dispose()
+        await self._held.let_go()
+        if self._urgent_held is not None:
+            await self._urgent_held.let_go()
+            await self._urgent_held.engine.dispose()
         if self._write_engine is not None:
             await self._write_engine.dispose()
         if self._driver is not None:

@@ -403,7 +403,7 @@ async def test_postgresql_write_transactions_take_turns_on_a_bounded_number_of_c
     """As many write transactions run at once as connections are kept; the others wait their
     turn and open no connection of their own."""
     await _seed(db, _run("run_w"))
-    kept = db._held_max
+    kept = db._held.size
     inside: list[int] = []
     most = 0
     go = asyncio.Event()
@@ -437,7 +437,7 @@ async def test_a_write_transaction_inside_another_takes_no_turn(db: Database) ->
     """One that runs while its task holds another (its connection held meanwhile) does not
     wait for a turn it could only get once it is done."""
     await _seed(db, _run("run_n1"), _run("run_n2"))
-    kept = db._held_max
+    kept = db._held.size
     release = asyncio.Event()
 
     async def holder() -> None:
@@ -463,7 +463,7 @@ async def test_a_task_started_inside_a_write_transaction_takes_its_own_turn(
     """Only the task holding a transaction is exempt: one it starts meanwhile (inheriting
     its context) runs its transactions on their own connections, in turn with the rest."""
     await _seed(db, _run("run_t1"), _run("run_t2"))
-    kept = db._held_max
+    kept = db._held.size
     release = asyncio.Event()
     entered = asyncio.Event()
 
@@ -511,6 +511,41 @@ async def test_a_kept_connection_whose_backend_died_is_dropped_at_its_first_erro
         assert await _backend_pid(tx) != pid
         await _SET_STATUS.rows(tx, {"id": "run_x", "s": "completed"})
     assert await _statuses(db) == {"run_x": "completed"}
+
+
+@_PG_ONLY
+async def test_held_connections_broken_together_fail_one_transaction(db: Database) -> None:
+    """A server restart breaks every connection held: the transaction that finds the first
+    one broken fails (retriably), the others held are let go, and the next one runs."""
+    await _seed(db, _run("run_b"))
+    size = db._held.size
+    assert size > 1
+    go = asyncio.Event()
+    pids: list[int] = []
+
+    async def one() -> None:
+        async with db.driver_write() as tx:
+            pids.append(await _backend_pid(tx))
+            await go.wait()
+            await _SET_STATUS.rows(tx, {"id": "run_b", "s": "running"})
+
+    tasks = [asyncio.create_task(one()) for _ in range(size)]
+    await until(lambda: len(pids) == size)
+    go.set()
+    await asyncio.gather(*tasks)
+    assert len(db._held) == size
+    async with db.engine.connect() as other:
+        for pid in pids:
+            await other.execute(sa.text(f"SELECT pg_terminate_backend({pid})"))
+    with pytest.raises(sa.exc.DBAPIError) as info:
+        async with db.driver_write() as tx:
+            await _SET_STATUS.rows(tx, {"id": "run_b", "s": "cancelling"})
+    assert info.value.connection_invalidated
+    assert len(db._held) == 0
+    async with db.driver_write() as tx:
+        assert await _backend_pid(tx) not in pids
+        await _SET_STATUS.rows(tx, {"id": "run_b", "s": "completed"})
+    assert await _statuses(db) == {"run_b": "completed"}
 
 
 _RUN_FOR_UPDATE = Prepared(
