@@ -174,37 +174,53 @@ async def settle(
     run counts the step in ``unpriced_steps`` and its ``cost_used_usd`` stays the sum over
     priced steps, which is what a cost budget counts (an unpriced model never runs under
     one)."""
-    ((status, ended_at),) = await _SETTLE.rows(
-        target,
-        {
-            "b_run_id": step.run_id,
-            "used_in": tokens_in,
-            "used_out": tokens_out,
-            "used_cost": 0.0 if cost_usd is None else cost_usd,
-            "unpriced": 1 if cost_usd is None else 0,
-            "held_in": step.tokens_in_reserved,
-            "held_out": step.tokens_out_reserved,
-            "held_cost": step.cost_reserved_usd,
-            "b_now": clock.now(),
-        },
+    params = used_params(tokens_in, tokens_out, cost_usd)
+    params.update(
+        b_run_id=step.run_id,
+        held_in=step.tokens_in_reserved,
+        held_out=step.tokens_out_reserved,
+        held_cost=step.cost_reserved_usd,
     )
+    ((status, ended_at),) = await _SETTLE.rows(target, params)
     return RunState(status, ended_at)
+
+
+def settled(held_in: Any, held_out: Any, held_cost: Any) -> dict[str, Any]:
+    """The values of a run's row once a step that held ``held_*`` (parameters, or columns of
+    another table in the statement) has settled; what it used is in the parameters
+    ``used_in``, ``used_out``, ``used_cost``, ``unpriced``, the time in ``b_now``."""
+    return {
+        "tokens_in_used": _RUNS.c.tokens_in_used + sa.bindparam("used_in", type_=sa.BigInteger),
+        "tokens_out_used": _RUNS.c.tokens_out_used + sa.bindparam("used_out", type_=sa.BigInteger),
+        "cost_used_usd": _RUNS.c.cost_used_usd + sa.bindparam("used_cost", type_=sa.Float),
+        "unpriced_steps": _RUNS.c.unpriced_steps + sa.bindparam("unpriced", type_=sa.Integer),
+        "tokens_in_reserved": _RUNS.c.tokens_in_reserved - held_in,
+        "tokens_out_reserved": _RUNS.c.tokens_out_reserved - held_out,
+        "cost_reserved_usd": _RUNS.c.cost_reserved_usd - held_cost,
+        "updated_at": sa.bindparam("b_now", type_=_RUNS.c.updated_at.type),
+    }
+
+
+def used_params(tokens_in: int, tokens_out: int, cost_usd: float | None) -> dict[str, Any]:
+    """The parameters of ``settled`` for what a step used (a cost of None: not priced)."""
+    return {
+        "used_in": tokens_in,
+        "used_out": tokens_out,
+        "used_cost": 0.0 if cost_usd is None else cost_usd,
+        "unpriced": 1 if cost_usd is None else 0,
+        "b_now": clock.now(),
+    }
 
 
 _SETTLE = Prepared(
     _RUNS.update()
     .where(_RUNS.c.run_id == sa.bindparam("b_run_id"))
     .values(
-        tokens_in_used=_RUNS.c.tokens_in_used + sa.bindparam("used_in", type_=sa.BigInteger),
-        tokens_out_used=_RUNS.c.tokens_out_used + sa.bindparam("used_out", type_=sa.BigInteger),
-        cost_used_usd=_RUNS.c.cost_used_usd + sa.bindparam("used_cost", type_=sa.Float),
-        unpriced_steps=_RUNS.c.unpriced_steps + sa.bindparam("unpriced", type_=sa.Integer),
-        tokens_in_reserved=_RUNS.c.tokens_in_reserved
-        - sa.bindparam("held_in", type_=sa.BigInteger),
-        tokens_out_reserved=_RUNS.c.tokens_out_reserved
-        - sa.bindparam("held_out", type_=sa.BigInteger),
-        cost_reserved_usd=_RUNS.c.cost_reserved_usd - sa.bindparam("held_cost", type_=sa.Float),
-        updated_at=sa.bindparam("b_now", type_=_RUNS.c.updated_at.type),
+        settled(
+            sa.bindparam("held_in", type_=sa.BigInteger),
+            sa.bindparam("held_out", type_=sa.BigInteger),
+            sa.bindparam("held_cost", type_=sa.Float),
+        )
     )
     .returning(_RUNS.c.status, _RUNS.c.ended_at)
 )

@@ -8,7 +8,7 @@ lifecycle table (an illegal move raises ``Conflict``) and stamps ``started_at`` 
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, cast
+from typing import Any, NamedTuple, NoReturn, cast
 
 import orjson
 import sqlalchemy as sa
@@ -26,9 +26,9 @@ from orchestrator_core.lifecycle import (
 )
 from orchestrator_core.pricing import Price
 from orchestratord.db.models import Run, Step
-from orchestratord.db.prepared import Prepared, Target
+from orchestratord.db.prepared import Prepared, Target, dialect_of
 from orchestratord.eventlog import Finalizer, LogEvent, log_event, read_all_step_events
-from orchestratord.runs.ledger import RunState, settle
+from orchestratord.runs.ledger import RunState, settle, settled, used_params
 from orchestratord.steps.ending import Ending
 from orchestratord.steps.queries import get_step
 from orchestratord.tx import Tx
@@ -54,26 +54,30 @@ def ending_finalizer(step_id: str, ending: Ending) -> Finalizer:
     settlement of its reservation. Prepared statements alone, unless it adds rows."""
 
     async def finalize(target: Target) -> list[LogEvent]:
-        held = await _end_running(target, step_id, ending)
+        if dialect_of(target).name == "postgresql":  # one round trip
+            held, run = await _end_and_settle(target, step_id, ending)
+        else:
+            held = await _end_running(target, step_id, ending)
+            run = await settle(
+                target,
+                step=held,
+                tokens_in=ending.tokens_in,
+                tokens_out=ending.tokens_out,
+                cost_usd=ending.cost_usd,
+            )
         if ending.rows:
             assert isinstance(target, AsyncSession)  # needs_session
             target.add_all(ending.rows)
-        run = await settle(
-            target,
-            step=held,
-            tokens_in=ending.tokens_in,
-            tokens_out=ending.tokens_out,
-            cost_usd=ending.cost_usd,
-        )
         return await settle_run_after_step(target, run_id=held.run_id, state=run)
 
     return Finalizer(finalize, needs_session=bool(ending.rows))
 
 
 _STEPS = cast(sa.Table, Step.__table__)
+_RUNS = cast(sa.Table, Run.__table__)
 # A running step ends: the transition as ``transition`` makes it, in one statement that also
 # returns what its settlement needs (no load of the row). ``status = 'running'`` guards it.
-_END_RUNNING = Prepared(
+_ENDS_RUNNING = (
     _STEPS.update()
     .where(_STEPS.c.step_id == sa.bindparam("b_step_id"), _STEPS.c.status == "running")
     .values(
@@ -96,6 +100,20 @@ _END_RUNNING = Prepared(
         _STEPS.c.cost_reserved_usd,
     )
 )
+_END_RUNNING = Prepared(_ENDS_RUNNING)
+# PostgreSQL: the end and the settlement of its run in one statement (SQLite runs no UPDATE
+# in a WITH); its row: the run's status and end as it left them, then what the step held
+_ENDED = _ENDS_RUNNING.cte("ended")
+_END_AND_SETTLE = Prepared(
+    _RUNS.update()
+    .where(_RUNS.c.run_id == _ENDED.c.run_id)
+    .values(
+        settled(
+            _ENDED.c.tokens_in_reserved, _ENDED.c.tokens_out_reserved, _ENDED.c.cost_reserved_usd
+        )
+    )
+    .returning(_RUNS.c.status, _RUNS.c.ended_at, *_ENDED.c)
+)
 
 
 class _Held(NamedTuple):
@@ -105,9 +123,9 @@ class _Held(NamedTuple):
     cost_reserved_usd: float
 
 
-async def _end_running(target: Target, step_id: str, ending: Ending) -> _Held:
+def _end_params(step_id: str, ending: Ending) -> dict[str, Any]:
     check_step_transition(StepStatus.RUNNING, ending.status)
-    params = {
+    return {
         "b_step_id": step_id,
         "b_status": ending.status.value,
         "b_now": clock.now(),
@@ -119,13 +137,31 @@ async def _end_running(target: Target, step_id: str, ending: Ending) -> _Held:
         "b_error": ending.error,
         "b_replay_outcome": ending.replay_outcome,
     }
-    row = await _END_RUNNING.first(target, params)
-    if row is None:  # it is no longer running (ended elsewhere), or there is no such step
-        found = await _STEP_STATUS.first(target, {"b_step_id": step_id})
-        if found is None:
-            raise NotFound("step", step_id)
-        raise Conflict(f"step {step_id} is {found[0]}, not running: it cannot end here")
+
+
+async def _end_running(target: Target, step_id: str, ending: Ending) -> _Held:
+    row = await _END_RUNNING.first(target, _end_params(step_id, ending))
+    if row is None:
+        await _not_running(target, step_id)
     return _Held(*row)
+
+
+async def _end_and_settle(target: Target, step_id: str, ending: Ending) -> tuple[_Held, RunState]:
+    params = _end_params(step_id, ending)
+    params.update(used_params(ending.tokens_in, ending.tokens_out, ending.cost_usd))
+    row = await _END_AND_SETTLE.first(target, params)
+    if row is None:
+        await _not_running(target, step_id)
+    return _Held(*row[2:]), RunState(*row[:2])
+
+
+async def _not_running(target: Target, step_id: str) -> NoReturn:
+    """Raise why a step did not end: it is no longer running (ended elsewhere), or there is
+    no such step."""
+    found = await _STEP_STATUS.first(target, {"b_step_id": step_id})
+    if found is None:
+        raise NotFound("step", step_id)
+    raise Conflict(f"step {step_id} is {found[0]}, not running: it cannot end here")
 
 
 _STEP_STATUS = Prepared(
@@ -221,7 +257,6 @@ async def settle_run_after_step(target: Target, *, run_id: str, state: RunState)
     return [_run_end(run_id, status.value)]
 
 
-_RUNS = cast(sa.Table, Run.__table__)
 _END_RUN = Prepared(
     _RUNS.update()
     .where(_RUNS.c.run_id == sa.bindparam("b_run_id"))
