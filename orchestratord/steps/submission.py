@@ -604,9 +604,10 @@ class Insert:
         held = step.__dict__
         params = reserve_params(sub.run_id, limits, reservation)
         if sub.kept is not None and limits.max_cost_usd is not None:
-            # fits without the rounding margin: then the ledger, whatever it holds now, gives
-            # this very reservation (it fits unclamped, as it did in an empty ledger)
-            params["max_cost"] = limits.max_cost_usd
+            # fits with room to spare for the plan's rounding (costs to 1e-9): then the ledger,
+            # whatever it holds now, gives this very reservation (unclamped, as in an empty
+            # ledger); at the boundary a fresh read decides
+            params["max_cost"] = limits.max_cost_usd - 2e-9
         params.update({f"s_{c}": held.get(c) for c in _STEP_COLUMNS})
         params.update(q_pool=sub.pool_id if unchecked else None, q_rank=rank)
         if sub.announce is not None:
@@ -734,7 +735,9 @@ async def submit_step(
     one returned (its token taken meanwhile, a budget read again)."""
     with tracing.span("step.submit", run_id=run_id, kind=body.type) as span:
         answer = None
-        kept = None if tx.sqlite or not can_run_alone(tx.target) else ctx.runs.get(run_id)
+        kept = None
+        if not tx.sqlite and can_run_alone(tx.target) and not kind_of(body.type).uses_flow:
+            kept = ctx.runs.get(run_id)  # (a kind that reads its flow begins a transaction)
         if kept is not None:
             sub = Submission(tx=tx, ctx=ctx, run_id=run_id, body=body, announce=announce)
             sub.kept = kept

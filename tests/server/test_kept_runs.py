@@ -6,6 +6,7 @@ each change is made behind the process's back, as another process would make it.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -158,3 +159,39 @@ def test_kept_runs_are_running_record_runs_least_recently_used_let_go() -> None:
     assert len(none) == 0
     with pytest.raises(ValueError, match="size"):
         KeptRuns(size=-1)
+
+
+async def test_a_cost_budget_at_its_boundary_is_granted_as_a_read_would(
+    db_url: str, tmp_path: Path
+) -> None:
+    """Costs are planned to 1e-9: where what is left is within that of the step's cost, the
+    plan clamps the step by a token a fit check without margin would have granted it; the
+    kept run's statement leaves such a step to a fresh read."""
+    if db_url.startswith("sqlite"):
+        pytest.skip("SQLite reads the run in-process: no run is kept")
+    from orchestratord.api.app import create_app
+    from tests.conftest import make_settings
+
+    (tmp_path / "2026-01-01.yaml").write_text(
+        'version: "2026-01-01"\nunpriced: refuse\nentries:\n'
+        "  - {engine: sim, model: sim-1, input_per_million_usd: 0.0,"
+        " output_per_million_usd: 0.12345}\n"
+    )
+    orch = Orchestrator(make_settings(db_url, price_tables_dir=tmp_path))
+    await orch.start()
+    transport = httpx.ASGITransport(app=create_app(orchestrator=orch))
+    try:
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+            run_id, _ = await kept_run(
+                client, orch.submit_context.runs, budgets={"max_cost_usd": 5.0}
+            )
+            await elsewhere(orch, run_id, cost_used_usd=5.0 - 0.000123573)
+            # 1001 tokens cost 0.000123573 (rounded from 0.00012357345): a fresh plan grants 1000
+            r = await submit(client, run_id, token="edge", max_tokens=1001)
+            assert r.status_code == 202, r.text
+            async with orch.db.read() as session:
+                step = await session.get(Step, r.json()["step_id"])
+            assert step is not None
+            assert (step.max_tokens_granted, step.budget_clamped) == (1000, True)
+    finally:
+        await orch.stop()
