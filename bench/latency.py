@@ -60,6 +60,7 @@ from bench.relay import (  # noqa: E402
     free_port,
     git_state,
     machine_busy_s,
+    postgres_cpu_s,
     server_env,
 )
 
@@ -168,6 +169,10 @@ class Target:
         """CPU seconds of the serving processes so far."""
         return sum(s.cpu_s() or 0.0 for s in self.servers)
 
+    def preemptions(self) -> int:
+        """Times the serving processes were switched out while they could run, so far."""
+        return sum(s.preemptions() or 0 for s in self.servers)
+
 
 async def idle_ttft(t: Target, n: int) -> dict[str, float]:
     async with new_client() as c:
@@ -182,8 +187,10 @@ async def concurrent(t: Target, streams: int, tokens: int) -> dict[str, float]:
     try:
         await asyncio.gather(*(t.stream(c, i, 4) for i, c in enumerate(clients)))  # warm
         cpu0, t0, busy0 = t.cpu(), time.perf_counter(), machine_busy_s()
+        pg0, switched0 = postgres_cpu_s(), t.preemptions()
         out = await asyncio.gather(*(t.stream(c, i, tokens) for i, c in enumerate(clients)))
         wall, cpu, busy1 = time.perf_counter() - t0, t.cpu() - cpu0, machine_busy_s()
+        pg, switched = postgres_cpu_s() - pg0, t.preemptions() - switched0
     finally:
         for c in clients:
             await c.aclose()
@@ -198,6 +205,10 @@ async def concurrent(t: Target, streams: int, tokens: int) -> dict[str, float]:
         "tokens_per_cpu_s": got / cpu if cpu else 0.0,
         "cpu_s": cpu,
         "wall_s": wall,
+        # PostgreSQL's processes' CPU meanwhile (any database's: on SQLite, its background),
+        # and how often the servers were switched out while they could run
+        "postgres_cpu_s": pg,
+        "server_preemptions": switched,
     }
     if busy0 is not None and busy1 is not None:  # the machine's busy cores meanwhile
         row["machine_busy_cores"] = (busy1 - busy0) / wall
@@ -236,7 +247,15 @@ async def steps(t: Target, clients_n: int, per_client: int) -> dict[str, float]:
     return out
 
 
-_LOADED = ("ttft_p50_ms", "ttft_p99_ms", "wall_s", "cpu_s", "machine_busy_cores")
+_LOADED = (
+    "ttft_p50_ms",
+    "ttft_p99_ms",
+    "wall_s",
+    "cpu_s",
+    "machine_busy_cores",
+    "postgres_cpu_s",
+    "server_preemptions",
+)
 
 
 async def loaded_rounds(t: Target, a: argparse.Namespace) -> dict[str, float]:
@@ -529,6 +548,14 @@ def report(out: dict[str, Any]) -> str:
                     f"\n{name}{label}, steps row: client CPU {st['client_cpu_ms_per_step']:.2f} ms"
                     f" per step, {st['machine_busy_cores']:.2f} of the machine's cores busy"
                 )
+    for name, r in out.items():
+        loaded = r.get("ttft_loaded") if isinstance(r, dict) else None
+        if loaded and "postgres_cpu_s" in loaded and name != "direct":
+            lines.append(
+                f"\n{name}, loaded row (one burst): server CPU {1000 * loaded['cpu_s']:.0f} ms,"
+                f" PostgreSQL's processes {1000 * loaded['postgres_cpu_s']:.0f} ms, the server"
+                f" switched out {loaded['server_preemptions']:.0f} times"
+            )
     for name, r in out.items():
         if name.startswith("idle "):
             lines.append(

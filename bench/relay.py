@@ -175,6 +175,24 @@ def machine_busy_s() -> float | None:
     return (user + nice + system + irq + softirq + steal) / CLK_TCK
 
 
+def postgres_cpu_s() -> float:
+    """utime + stime of every PostgreSQL server process on the machine so far (its backends
+    exit with their connections: take it around a window in which they stay open)."""
+    total = 0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        head, _, rest = stat.rpartition(")")
+        if head.endswith("(postgres"):
+            fields = rest.split()
+            total += int(fields[11]) + int(fields[12])
+    return total / CLK_TCK
+
+
 def make_round(
     results: list[StreamResult],
     wall_s: float,
@@ -322,6 +340,20 @@ class Server:
         except OSError:
             return None
         return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+    def preemptions(self) -> int | None:
+        """Times the server process was switched out while it could run (another process
+        took its core), from /proc."""
+        if self.proc is None:
+            return None
+        try:
+            status = Path(f"/proc/{self.proc.pid}/status").read_text()
+        except OSError:
+            return None
+        for line in status.splitlines():
+            if line.startswith("nonvoluntary_ctxt_switches:"):
+                return int(line.split(":", 1)[1])
+        return None
 
     def log_tail(self, n: int = 40) -> str:
         try:
