@@ -44,6 +44,15 @@ async def elsewhere(orch: Orchestrator, run_id: str, **values: Any) -> None:
         await session.execute(sa.update(Run).where(Run.run_id == run_id).values(**values))
 
 
+async def granted(orch: Orchestrator, r: httpx.Response) -> tuple[int | None, bool]:
+    """The submitted step's grant of output tokens, and whether the budget clamped it."""
+    assert r.status_code == 202, r.text
+    async with orch.db.read() as session:
+        step = await session.get(Step, r.json()["step_id"])
+    assert step is not None
+    return step.max_tokens_granted, step.budget_clamped
+
+
 async def step_ids(client: httpx.AsyncClient, run_id: str) -> list[str]:
     return [s["step_id"] for s in (await client.get(f"/v1/runs/{run_id}/steps")).json()]
 
@@ -69,12 +78,8 @@ async def test_a_budget_spent_elsewhere_is_granted_as_a_read_would(
     run_id, _ = await kept_run(client, kept, budgets={"max_tokens_out": 10})
     await elsewhere(orch, run_id, tokens_out_used=8)
     r = await submit(client, run_id, token="next", max_tokens=4)
-    assert r.status_code == 202, r.text
+    assert await granted(orch, r) == (2, True)
     assert r.headers["X-Budget-Tokens-Remaining"] == "0"
-    async with orch.db.read() as session:
-        step = await session.get(Step, r.json()["step_id"])
-    assert step is not None
-    assert (step.max_tokens_granted, step.budget_clamped) == (2, True)
 
 
 async def test_a_budget_freed_elsewhere_is_granted_as_a_read_would(
@@ -86,11 +91,7 @@ async def test_a_budget_freed_elsewhere_is_granted_as_a_read_would(
     run_id, _ = await kept_run(client, kept, budgets={"max_tokens_out": 10})
     await elsewhere(orch, run_id, tokens_out_used=0)
     r = await submit(client, run_id, token="next", max_tokens=9)
-    assert r.status_code == 202, r.text
-    async with orch.db.read() as session:
-        step = await session.get(Step, r.json()["step_id"])
-    assert step is not None
-    assert (step.max_tokens_granted, step.budget_clamped) == (9, False)
+    assert await granted(orch, r) == (9, False)
 
 
 class _Down(PerturbedAdapter):
@@ -188,10 +189,6 @@ async def test_a_cost_budget_at_its_boundary_is_granted_as_a_read_would(
             await elsewhere(orch, run_id, cost_used_usd=5.0 - 0.000123573)
             # 1001 tokens cost 0.000123573 (rounded from 0.00012357345): a fresh plan grants 1000
             r = await submit(client, run_id, token="edge", max_tokens=1001)
-            assert r.status_code == 202, r.text
-            async with orch.db.read() as session:
-                step = await session.get(Step, r.json()["step_id"])
-            assert step is not None
-            assert (step.max_tokens_granted, step.budget_clamped) == (1000, True)
+            assert await granted(orch, r) == (1000, True)
     finally:
         await orch.stop()
