@@ -78,7 +78,7 @@ from orchestratord.runs.ledger import (
     reserved,
     unreserve,
 )
-from orchestratord.steps.kinds import kind_of
+from orchestratord.steps.kinds import KINDS, kind_of
 from orchestratord.steps.kinds.base import StepKind
 from orchestratord.steps.queries import by_token, ledger_of, same_request
 from orchestratord.steps.running import ClaimedStep
@@ -736,8 +736,9 @@ async def submit_step(
     with tracing.span("step.submit", run_id=run_id, kind=body.type) as span:
         answer = None
         kept = None
-        if not tx.sqlite and can_run_alone(tx.target) and not kind_of(body.type).uses_flow:
-            kept = ctx.runs.get(run_id)  # (a kind that reads its flow begins a transaction)
+        kind = KINDS.get(body.type)  # (one that reads its flow begins a transaction)
+        if not tx.sqlite and can_run_alone(tx.target) and kind and not kind.uses_flow:
+            kept = ctx.runs.get(run_id)
         if kept is not None:
             sub = Submission(tx=tx, ctx=ctx, run_id=run_id, body=body, announce=announce)
             sub.kept = kept
