@@ -504,8 +504,18 @@ _INSERTED = (
     )
     .cte("inserted")
 )
+# its row: whether a step waits ahead, RESERVE's columns, then (as of the statement's start,
+# for when nothing was reserved) whether the token's step exists and the run's status
 _RESERVE_AND_INSERT = Prepared(
-    sa.select(_AHEAD.c.ahead, *_RESERVED.c)
+    sa.select(
+        _AHEAD.c.ahead,
+        *_RESERVED.c,
+        _TOKEN_USED.label("token_used"),
+        sa.select(_RUNS.c.status)
+        .where(_RUNS.c.run_id == sa.bindparam("b_run_id"))
+        .scalar_subquery()
+        .label("run_status"),
+    )
     .select_from(_AHEAD.outerjoin(_RESERVED, sa.true()))
     .add_cte(_INSERTED)
 )
@@ -517,6 +527,7 @@ def _in_one_statement(sub: Submission) -> bool:
 
 
 _WAITS = object()  # Insert._in_one_statement: a step waits ahead in the pool
+_TAKEN = object()  # Insert._in_one_statement: the client_token's step exists
 
 
 class _TokenTaken(Exception):
@@ -549,8 +560,10 @@ class Insert:
             if isinstance(done, tuple):
                 step, ledger = done
                 return Submitted(step, True, ledger, sub.run)
-            if sub.kept is not None:  # waits, or does not fit: what a read decides
+            if sub.kept is not None:  # waits, a repeat, or does not fit: what a read decides
                 raise ReadAgain
+            if done is _TAKEN:  # committed by a submission of the token since the run's read
+                return await self._taken(sub, None)
             if done is _WAITS:  # a step waits ahead in its pool: this one waits too, admitted
                 assert sub.slot is not None
                 sub.slot.release()
@@ -571,12 +584,12 @@ class Insert:
         return Submitted(step, True, ledger, sub.run)
 
     @staticmethod
-    async def _taken(sub: Submission, exc: Exception) -> Submitted:
+    async def _taken(sub: Submission, exc: Exception | None) -> Submitted:
         """The client_token's step, made by a submission that committed meanwhile (else
         ``exc`` was about something else: raised again)."""
         existing = await by_token(sub.session, sub.run_id, sub.body.client_token)
         if existing is None:
-            raise exc
+            raise exc or AssertionError("the token's step was seen, then not found")
         if sub.slot is not None:  # the transaction goes on (and commits): give it back here
             sub.slot.release()
         return sub.repeat(existing)
@@ -584,7 +597,8 @@ class Insert:
     async def _in_one_statement(self, sub: Submission) -> tuple[Step, Ledger] | object | None:
         """Reserve and insert in one statement run alone, with the ledger the submission
         read; ``_WAITS`` when a step waits ahead of one that took a slot (``StartNow``),
-        None when the step does not fit the ledger (nothing written either way)."""
+        ``_TAKEN`` when the client_token's step exists, ``RunEnded`` when the run ended since
+        it was read, None when the step does not fit the ledger (nothing written by any)."""
         limits = Limits.from_dict(sub.run.budgets)
         unchecked, sub.queue_unchecked = sub.queue_unchecked, False
         rank = PRIORITY_RANK[sub.body.priority]
@@ -613,11 +627,21 @@ class Insert:
         if sub.announce is not None:
             sub.announce(step)
         row = await _RESERVE_AND_INSERT.first(sub.db, params, alone=True)
-        assert row is not None  # one row: whether a step waits ahead, then what was reserved
-        if row[0] or row[1] is None:  # nothing reserved, nothing inserted
+        assert row is not None  # one row (see the statement)
+        ahead, taken, token_used, status = row[0], row[1:8], row[8], row[9]
+        if ahead or taken[0] is None:  # nothing reserved, nothing inserted
             nothing_written(sub.db)
-            return _WAITS if row[0] else None
-        step.position, ledger = reserved(row[1:])
+            if ahead:
+                return _WAITS
+            if token_used:
+                return _TAKEN
+            if status != RunStatus.RUNNING.value:  # ended since it was read (or kept)
+                sub.ctx.runs.drop(sub.run_id)
+                if status is None:
+                    raise NotFound("run", sub.run_id)
+                check_run_accepts_steps(RunStatus(status))
+            return None  # the budget did not fit (or the run ended as the statement ran)
+        step.position, ledger = reserved(taken)
         sub.ctx.runs.saw_ledger(sub.run_id, ledger)
         self._begin_after_commit(sub, started)
         return step, ledger

@@ -192,3 +192,76 @@ async def test_a_cost_budget_at_its_boundary_is_granted_as_a_read_would(
             assert await granted(orch, r) == (1000, True)
     finally:
         await orch.stop()
+
+
+class _ThenEnded:
+    """The run's read, after which another process cancels the run (before the statement
+    that stores the step)."""
+
+    def __init__(self, orch: Orchestrator, real: Any) -> None:
+        self.orch, self.real = orch, real
+
+    async def first(self, target: Any, params: Any) -> Any:
+        row = await self.real.first(target, params)
+        await elsewhere(self.orch, params["run_id"], status="cancelled")
+        return row
+
+
+async def test_a_run_ended_after_its_read_takes_no_step(
+    orch: Orchestrator, client: httpx.AsyncClient, kept: KeptRuns, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The statement that stores the step finds the run no longer running: refused as a read
+    would have refused it, nothing stored, the slot given back (not stored by the general
+    way, which does not check the run's status)."""
+    from orchestratord.steps import submission
+
+    run_id, first = await kept_run(client, kept)
+    kept.drop(run_id)  # read, this time
+    monkeypatch.setattr(submission, "_RUN_AND_TOKEN", _ThenEnded(orch, submission._RUN_AND_TOKEN))
+    free = orch.pools.pools["local"].free_slots
+    r = await submit(client, run_id, token="late", max_tokens=2)
+    assert r.status_code == 409 and r.json()["code"] == "RUN_ENDED", r.text
+    assert await step_ids(client, run_id) == [first]
+    assert orch.pools.pools["local"].free_slots == free
+    run = (await client.get(f"/v1/runs/{run_id}")).json()
+    assert run["step_count"] == 1 and run["reserved"]["tokens_out"] == 0
+
+
+async def test_a_token_used_after_the_read_answers_with_its_step(
+    orch: Orchestrator, client: httpx.AsyncClient, kept: KeptRuns, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A retry of the same request commits its step between this one's read and its
+    statement: the statement sees the token's step and this one answers with it, without
+    reserving and giving back (the general way's insert ON CONFLICT)."""
+    from orchestratord.steps import submission
+
+    run_id, _ = await kept_run(client, kept)
+    kept.drop(run_id)
+    real = submission._RUN_AND_TOKEN
+    raced: list[httpx.Response] = []
+    reads: list[str] = []
+
+    class _ThenRetried:
+        async def first(self, target: Any, params: Any) -> Any:
+            row = await real.first(target, params)
+            reads.append(params["token"])
+            if len(reads) == 1:  # the retry, read and stored in full meanwhile
+                raced.append(await submit(client, run_id, token="retry", max_tokens=2))
+            return row
+
+    general: list[str] = []
+    real_general = submission.Insert._reserve_and_insert
+
+    async def spied(self: Any, sub: Any, **kw: Any) -> Any:
+        general.append(sub.run_id)
+        return await real_general(self, sub, **kw)
+
+    monkeypatch.setattr(submission, "_RUN_AND_TOKEN", _ThenRetried())
+    monkeypatch.setattr(submission.Insert, "_reserve_and_insert", spied)
+    r = await submit(client, run_id, token="retry", max_tokens=2)
+    assert raced[0].status_code == 202, raced[0].text
+    assert r.status_code == 200 and r.json()["step_id"] == raced[0].json()["step_id"], r.text
+    assert general == []
+    await wait_status(client, r.json()["step_id"], "succeeded")
+    run = (await client.get(f"/v1/runs/{run_id}")).json()
+    assert run["step_count"] == 2 and run["reserved"]["tokens_out"] == 0
