@@ -97,7 +97,7 @@ class WriteLock:
         except asyncio.CancelledError:
             if fut.done() and not fut.cancelled():
                 self.release()  # handed the lock as we were cancelled: pass it on
-            else:
+            elif fut in queue:  # (a release meanwhile dropped it, cancelled, from the queue)
                 queue.remove(fut)
             raise
 

@@ -54,3 +54,20 @@ async def test_a_cancelled_waiter_neither_holds_nor_loses_the_lock() -> None:
     assert lock.locked
     lock.release()
     assert not lock.locked
+
+
+async def test_a_waiter_cancelled_as_the_lock_is_released_ends_cancelled() -> None:
+    """Its future is cancelled at once, its handler runs a turn later: a release in between
+    drops the cancelled future from the queue. The waiter still ends cancelled (a task being
+    stopped stops: with any other error its loop could go on and never end) and the lock
+    is free."""
+    lock = WriteLock()
+    await lock.acquire()
+    waiting = asyncio.create_task(lock.acquire())
+    await asyncio.sleep(0)
+    waiting.cancel()
+    lock.release()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    assert not lock.locked
+    await asyncio.wait_for(lock.acquire(), 1)
