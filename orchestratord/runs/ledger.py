@@ -10,6 +10,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from orchestrator_core import clock
 from orchestrator_core.budgets import Ledger, Limits, Reservation
+from orchestrator_core.lifecycle import RunStatus
 from orchestratord.db.models import Run
 from orchestratord.db.prepared import Prepared, Target
 
@@ -48,9 +49,15 @@ def usage_of(run: Run) -> dict[str, Any]:
 
 
 async def read_ledger(session: AsyncSession, *, run_id: str) -> Ledger:
+    return (await read_account(session, run_id=run_id))[1]
+
+
+async def read_account(session: AsyncSession, *, run_id: str) -> tuple[str, Ledger]:
+    """The run's status and its ledger."""
     row = (
         await session.execute(
             sa.select(
+                Run.status,
                 Run.tokens_in_used,
                 Run.tokens_out_used,
                 Run.cost_used_usd,
@@ -60,7 +67,7 @@ async def read_ledger(session: AsyncSession, *, run_id: str) -> Ledger:
             ).where(Run.run_id == run_id)
         )
     ).one()
-    return Ledger(*row)
+    return row[0], Ledger(*row[1:])
 
 
 _RUNS = cast(sa.Table, Run.__table__)  # Core statements: no ORM bulk-update pass
@@ -70,6 +77,7 @@ RESERVE = (
     _RUNS.update()
     .where(
         _RUNS.c.run_id == sa.bindparam("b_run_id"),
+        _RUNS.c.status == RunStatus.RUNNING.value,  # a run that still takes steps
         _RUNS.c.tokens_in_used
         + _RUNS.c.tokens_in_reserved
         + sa.bindparam("tokens_in", type_=sa.BigInteger)
@@ -127,7 +135,8 @@ async def reserve(
 
     One conditional UPDATE: the condition re-checks every limit inside the database, so two
     processes racing for the last tokens cannot both win, whatever they read before. Returns
-    (position, the run's ledger after it), or None when it no longer fits.
+    (position, the run's ledger after it), or None when it no longer fits or the run no
+    longer takes steps (it ended since it was read).
     """
     row = await _RESERVE.first(target, reserve_params(run_id, limits, reservation))
     return None if row is None else reserved(row)

@@ -72,6 +72,7 @@ from orchestratord.replay.steps import ReplayTarget, lock_run, replay_target, se
 from orchestratord.runs.kept import KeptRuns
 from orchestratord.runs.ledger import (
     RESERVE,
+    read_account,
     read_ledger,
     reserve,
     reserve_params,
@@ -482,10 +483,8 @@ _TOKEN_USED = sa.exists().where(
     _STEP_TABLE.c.run_id == sa.bindparam("b_run_id"),
     _STEP_TABLE.c.client_token == sa.bindparam("s_client_token"),
 )
-_RESERVED = (
-    RESERVE.where(~sa.select(_AHEAD.c.ahead).scalar_subquery())
-    .where(_RUNS.c.status == RunStatus.RUNNING.value, ~_TOKEN_USED)
-    .cte("reserved")
+_RESERVED = RESERVE.where(~sa.select(_AHEAD.c.ahead).scalar_subquery(), ~_TOKEN_USED).cte(
+    "reserved"
 )
 _INSERTED = (
     _STEP_TABLE.insert()
@@ -681,7 +680,8 @@ class Insert:
             taken = await reserve(sub.db, run_id=run_id, limits=run_limits, reservation=reservation)
             if taken is not None:
                 break
-            ledger = await read_ledger(sub.session, run_id=run_id)
+            status, ledger = await read_account(sub.session, run_id=run_id)
+            check_run_accepts_steps(RunStatus(status))  # it ended since it was read
         else:
             raise Conflict("the run's budget kept changing while reserving; retry", retriable=True)
         position, ledger_after = taken

@@ -1,4 +1,5 @@
-"""Runs a process has read before, taken without reading them again (PostgreSQL).
+"""Runs a process has read before, taken without reading them again (PostgreSQL); and a
+submission's races with another process's change to its run.
 
 The statement that stores the step checks what a read would have seen; whatever it (or a
 rule) finds that only a fresh read decides starts the submission again from a read. Here
@@ -265,3 +266,25 @@ async def test_a_token_used_after_the_read_answers_with_its_step(
     await wait_status(client, r.json()["step_id"], "succeeded")
     run = (await client.get(f"/v1/runs/{run_id}")).json()
     assert run["step_count"] == 2 and run["reserved"]["tokens_out"] == 0
+
+
+async def test_a_run_ended_after_its_read_takes_no_queued_step(
+    orch: Orchestrator, client: httpx.AsyncClient, kept: KeptRuns, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same race on the general way (a step that waits in its pool's queue): its
+    reservation finds the run no longer running, and the step is refused, not queued."""
+    import dataclasses
+
+    from orchestratord.steps import submission
+
+    run_id, first = await kept_run(client, kept)
+    kept.drop(run_id)
+    monkeypatch.setattr(
+        orch, "submit_context", dataclasses.replace(orch.submit_context, starter=None)
+    )
+    monkeypatch.setattr(submission, "_RUN_AND_TOKEN", _ThenEnded(orch, submission._RUN_AND_TOKEN))
+    r = await submit(client, run_id, token="late", max_tokens=2)
+    assert r.status_code == 409 and r.json()["code"] == "RUN_ENDED", r.text
+    assert await step_ids(client, run_id) == [first]
+    run = (await client.get(f"/v1/runs/{run_id}")).json()
+    assert run["step_count"] == 1 and run["reserved"]["tokens_out"] == 0
