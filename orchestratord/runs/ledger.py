@@ -109,8 +109,14 @@ RESERVE = (
 _RESERVE = Prepared(RESERVE)
 
 
-def reserve_params(run_id: str, limits: Limits, reservation: Reservation) -> dict[str, Any]:
-    """The parameters of ``RESERVE`` for this reservation under the run's limits."""
+COST_MARGIN = 1e-9  # the plan rounds costs to 1e-9: a reservation planned to the limit fits
+
+
+def reserve_params(
+    run_id: str, limits: Limits, reservation: Reservation, *, cost_margin: float = COST_MARGIN
+) -> dict[str, Any]:
+    """The parameters of ``RESERVE`` for this reservation under the run's limits; it fits
+    up to ``cost_margin`` past the cost limit (negative: only with that much to spare)."""
     return {
         "b_run_id": run_id,
         "tokens_in": reservation.tokens_in,
@@ -118,7 +124,9 @@ def reserve_params(run_id: str, limits: Limits, reservation: Reservation) -> dic
         "cost": reservation.cost_usd,
         "max_in": _NO_LIMIT if limits.max_tokens_in is None else limits.max_tokens_in,
         "max_out": _NO_LIMIT if limits.max_tokens_out is None else limits.max_tokens_out,
-        "max_cost": float(_NO_LIMIT) if limits.max_cost_usd is None else limits.max_cost_usd + 1e-9,
+        "max_cost": (
+            float(_NO_LIMIT) if limits.max_cost_usd is None else limits.max_cost_usd + cost_margin
+        ),
         "b_now": clock.now(),
     }
 

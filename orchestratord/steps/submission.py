@@ -71,6 +71,7 @@ from orchestratord.prices import PriceBook
 from orchestratord.replay.steps import ReplayTarget, lock_run, replay_target, serve_recorded
 from orchestratord.runs.kept import KeptRuns
 from orchestratord.runs.ledger import (
+    COST_MARGIN,
     RESERVE,
     read_account,
     read_ledger,
@@ -615,12 +616,11 @@ class Insert:
         step = build_step(sub, position=-1, reservation=reservation)
         started = self._claim(sub, step)
         held = step.__dict__
-        params = reserve_params(sub.run_id, limits, reservation)
-        if sub.kept is not None and limits.max_cost_usd is not None:
-            # fits with room to spare for the plan's rounding (costs to 1e-9): then the ledger,
-            # whatever it holds now, gives this very reservation (unclamped, as in an empty
-            # ledger); at the boundary a fresh read decides
-            params["max_cost"] = limits.max_cost_usd - 2e-9
+        # a kept run's fits only with room to spare for the plan's rounding: then the ledger,
+        # whatever it holds now, gives this very reservation (unclamped, as in an empty
+        # ledger); at the boundary a fresh read decides
+        margin = COST_MARGIN if sub.kept is None else -2 * COST_MARGIN
+        params = reserve_params(sub.run_id, limits, reservation, cost_margin=margin)
         params.update({f"s_{c}": held.get(c) for c in _STEP_COLUMNS})
         params.update(q_pool=sub.pool_id if unchecked else None, q_rank=rank)
         if sub.announce is not None:
