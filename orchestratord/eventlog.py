@@ -29,6 +29,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from contracts.events import EventBase, NarrationEvent
+from orchestrator_core.errors import OrchestratorError
 from orchestrator_core.event_order import TERMINAL_TYPES, EventOrder, EventType
 from orchestratord.db.engine import Database
 from orchestratord.db.models import Event, Run
@@ -46,6 +47,10 @@ class Finalizer:
 
     run: Callable[[Target], Awaitable[list[LogEvent] | None]]
     needs_session: bool = False
+    # Finalizers of one commit sharing ``together`` run as one call of it, given their
+    # ``item``s in the order they were queued (one statement for many, where it can be)
+    together: Callable[[Target, list[Any]], Awaitable[list[LogEvent]]] | None = None
+    item: Any = None
 
 
 @dataclass(slots=True)
@@ -388,6 +393,23 @@ class _Batch:
         return list(parts.values())
 
 
+async def _finalize(target: Target, finalizers: list[Finalizer]) -> list[LogEvent]:
+    """Each finalizer in its turn, those sharing ``together`` in one call (the first one's
+    turn); the events they return."""
+    together: dict[Any, list[Any]] = {}
+    for f in finalizers:
+        if f.together is not None:
+            together.setdefault(f.together, []).append(f.item)
+    events: list[LogEvent] = []
+    for f in finalizers:
+        if f.together is None:
+            events.extend(await f.run(target) or ())
+        elif (items := together.pop(f.together, None)) is not None:
+            done = await (f.run(target) if len(items) == 1 else f.together(target, items))
+            events.extend(done or ())
+    return events
+
+
 class EventLogError(RuntimeError):
     """Events of this step could not be written; its log must not go on past the gap."""
 
@@ -506,9 +528,10 @@ class EventWriter:
                     async with self.db.write(urgent=True) as session:
                         committed = await self._write(session, batch)
                 break
-            except (sa.exc.IntegrityError, sa.exc.DataError) as exc:
-                # what one step queued cannot be written (retrying cannot help): the steps
-                # are committed apart, so the others do not share its failure
+            except (sa.exc.IntegrityError, sa.exc.DataError, OrchestratorError) as exc:
+                # what one step queued cannot be written, or its end cannot be made (it was
+                # ended elsewhere): retrying cannot help; the steps are committed apart, so
+                # the others do not share its failure
                 if len(parts := batch.by_step()) > 1:
                     for part in parts:
                         await self._commit(part)
@@ -539,9 +562,7 @@ class EventWriter:
             if batch.events
             else []
         )
-        extra: list[LogEvent] = []
-        for _, finalizer in batch.finalizers:
-            extra.extend(await finalizer.run(target) or ())
+        extra = await _finalize(target, [f for _, f in batch.finalizers])
         if extra:
             committed = committed + await insert_events(target, extra)
         return committed

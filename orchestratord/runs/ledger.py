@@ -202,19 +202,41 @@ async def settle(
     return RunState(status, ended_at)
 
 
-def settled(held_in: Any, held_out: Any, held_cost: Any) -> dict[str, Any]:
+class Used(NamedTuple):
+    """What a settling step used, as expressions of its statement."""
+
+    tokens_in: Any
+    tokens_out: Any
+    cost_usd: Any  # 0 for an unpriced model
+    unpriced: Any  # 1 for an unpriced model, else 0
+    now: Any
+
+
+# ``used_params``' parameters
+USED_PARAMS = Used(
+    sa.bindparam("used_in", type_=sa.BigInteger),
+    sa.bindparam("used_out", type_=sa.BigInteger),
+    sa.bindparam("used_cost", type_=sa.Float),
+    sa.bindparam("unpriced", type_=sa.Integer),
+    sa.bindparam("b_now", type_=_RUNS.c.updated_at.type),
+)
+
+
+def settled(
+    held_in: Any, held_out: Any, held_cost: Any, used: Used = USED_PARAMS
+) -> dict[str, Any]:
     """The values of a run's row once a step that held ``held_*`` (parameters, or columns of
-    another table in the statement) has settled; what it used is in the parameters
-    ``used_in``, ``used_out``, ``used_cost``, ``unpriced``, the time in ``b_now``."""
+    another table in the statement) has settled; what it used: ``used``, by default the
+    parameters ``used_params`` gives."""
     return {
-        "tokens_in_used": _RUNS.c.tokens_in_used + sa.bindparam("used_in", type_=sa.BigInteger),
-        "tokens_out_used": _RUNS.c.tokens_out_used + sa.bindparam("used_out", type_=sa.BigInteger),
-        "cost_used_usd": _RUNS.c.cost_used_usd + sa.bindparam("used_cost", type_=sa.Float),
-        "unpriced_steps": _RUNS.c.unpriced_steps + sa.bindparam("unpriced", type_=sa.Integer),
+        "tokens_in_used": _RUNS.c.tokens_in_used + used.tokens_in,
+        "tokens_out_used": _RUNS.c.tokens_out_used + used.tokens_out,
+        "cost_used_usd": _RUNS.c.cost_used_usd + used.cost_usd,
+        "unpriced_steps": _RUNS.c.unpriced_steps + used.unpriced,
         "tokens_in_reserved": _RUNS.c.tokens_in_reserved - held_in,
         "tokens_out_reserved": _RUNS.c.tokens_out_reserved - held_out,
         "cost_reserved_usd": _RUNS.c.cost_reserved_usd - held_cost,
-        "updated_at": sa.bindparam("b_now", type_=_RUNS.c.updated_at.type),
+        "updated_at": used.now,
     }
 
 

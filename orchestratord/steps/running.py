@@ -161,5 +161,5 @@ class Execution:
             if timer is not None:
                 timer.cancel()
         with tracing.span("step.end", step, status=ending.status.value):
-            await ctx.log.close(ending.event, ending_finalizer(step.step_id, ending))
+            await ctx.log.close(ending.event, ending_finalizer(step.step_id, step.run_id, ending))
         self.services.metrics.steps.labels(step.type, ending.status.value).inc()

@@ -238,3 +238,39 @@ async def test_rows_hold_at_most_max_span_and_keep_interleaved_steps_apart(
             assert list(spans) == [MAX_SPAN, 10]
         stored = await stored_events(orch.db, step_id=step)
         assert [ev.data for ev in stored] == [ev.data for ev in mine]
+
+
+async def test_finalizers_sharing_together_run_as_one_call_in_the_first_ones_turn() -> None:
+    from orchestratord.eventlog import Finalizer, LogEvent, _finalize
+
+    calls: list[object] = []
+
+    def alone(name: str) -> Finalizer:
+        async def run(target: object) -> list[LogEvent]:
+            calls.append(name)
+            return [LogEvent("r", None, None, "narration", name.encode())]
+
+        return Finalizer(run)
+
+    def grouped(together: object, item: str) -> Finalizer:
+        return Finalizer(alone(item).run, together=together, item=item)  # type: ignore[arg-type]
+
+    async def ends(target: object, items: list[str]) -> list[LogEvent]:
+        calls.append(("ends", items))
+        return [LogEvent("r", None, None, "narration", b"ends")]
+
+    async def facts(target: object, items: list[str]) -> list[LogEvent]:
+        calls.append(("facts", items))
+        return []
+
+    finalizers = [
+        alone("a"),
+        grouped(ends, "e1"),
+        grouped(facts, "f1"),
+        alone("b"),
+        grouped(ends, "e2"),
+        grouped(ends, "e3"),
+    ]
+    events = await _finalize(None, finalizers)  # type: ignore[arg-type]
+    assert calls == ["a", ("ends", ["e1", "e2", "e3"]), "f1", "b"]  # a group of one runs alone
+    assert [ev.data for ev in events] == [b"a", b"ends", b"f1", b"b"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any, cast
 
 import httpx
 import pytest
@@ -16,10 +17,11 @@ from orchestrator_core.errors import Conflict, NotFound
 from orchestrator_core.lifecycle import StepStatus
 from orchestratord.db.models import Run, Step
 from orchestratord.db.prepared import Target
+from orchestratord.eventlog import log_event
 from orchestratord.runtime import Orchestrator
 from orchestratord.steps.ending import Ending
 from orchestratord.steps.transition import ending_finalizer
-from tests.helpers import make_run, submit, wait_status
+from tests.helpers import make_run, stored_events, submit, wait_status
 
 
 @asynccontextmanager
@@ -50,7 +52,7 @@ async def test_an_ended_step_is_not_ended_again(
     run_before = (await client.get(f"/v1/runs/{run_id}")).json()
     with pytest.raises(Conflict, match="succeeded, not running"):
         async with _transaction(orch, on) as target:
-            await ending_finalizer(step_id, _ending()).run(target)
+            await ending_finalizer(step_id, run_id, _ending()).run(target)
     assert (await client.get(f"/v1/steps/{step_id}")).json() == before
     assert (await client.get(f"/v1/runs/{run_id}")).json()["usage"] == run_before["usage"]
 
@@ -59,7 +61,7 @@ async def test_an_ended_step_is_not_ended_again(
 async def test_ending_a_step_that_does_not_exist_names_it(orch: Orchestrator, on: str) -> None:
     with pytest.raises(NotFound):
         async with _transaction(orch, on) as target:
-            await ending_finalizer("step_nope", _ending()).run(target)
+            await ending_finalizer("step_nope", "run_nope", _ending()).run(target)
 
 
 async def test_a_step_ends_and_settles_in_one_statement_on_postgresql(
@@ -92,9 +94,155 @@ async def test_a_step_ends_and_settles_in_one_statement_on_postgresql(
 
     monkeypatch.setattr(prepared, "run_on_asyncpg", traced)
     async with orch.db.driver_write() as target:
-        assert await ending_finalizer(step_id, _ending()).run(target) == []
+        assert await ending_finalizer(step_id, run_id, _ending()).run(target) == []
     assert sql == ["WITH ended AS"], sql
     run = (await client.get(f"/v1/runs/{run_id}")).json()
     assert run["usage"]["tokens_out"] == usage["tokens_out"] + 1
     assert run["reserved"]["tokens_out"] == 0
     assert (await client.get(f"/v1/steps/{step_id}")).json()["status"] == "succeeded"
+
+
+async def _running_again(orch: Orchestrator, step_ids: list[str], held_out: int) -> None:
+    """Ended steps made running again, each holding ``held_out`` output tokens of its run."""
+    async with orch.db.write() as session:
+        for step_id in step_ids:
+            run_id = (
+                await session.execute(
+                    sa.update(Step)
+                    .where(Step.step_id == step_id)
+                    .values(status="running", tokens_out_reserved=held_out)
+                    .returning(Step.run_id)
+                )
+            ).scalar_one()
+            await session.execute(
+                sa.update(Run)
+                .where(Run.run_id == run_id)
+                .values(tokens_out_reserved=Run.tokens_out_reserved + held_out)
+            )
+
+
+def _endings(n: int) -> list[Ending]:
+    """Endings that differ in everything their rows keep: priced or not, an error, a
+    provenance, a replay outcome."""
+    endings = []
+    for i in range(n):
+        event = EndEvent(stop_reason="length", tokens_in=i, tokens_out=i + 1, provenance=None)
+        endings.append(
+            Ending(
+                StepStatus.SUCCEEDED if i % 2 == 0 else StepStatus.FAILED,
+                event,
+                {"text": f"out {i}", "token_ids": [i, 7]},
+                tokens_in=i,
+                tokens_out=i + 1,
+                cost_usd=None if i % 2 else 0.25 * (i + 1),
+                provenance={"engine": "x", "n": i} if i % 2 == 0 else None,
+                error={"code": "E", "n": i} if i % 2 else None,
+                replay_outcome="diverged" if i == 1 else None,
+            )
+        )
+    return endings
+
+
+async def _state(client: httpx.AsyncClient, step_ids: list[str], run_ids: list[str]) -> object:
+    """What the steps' and runs' views show, but their ids and times."""
+    steps = [(await client.get(f"/v1/steps/{s}")).json() for s in step_ids]
+    for step in steps:
+        for key in ("step_id", "run_id", "client_token", "ended_at", "started_at", "created_at"):
+            step.pop(key, None)
+    runs = [(await client.get(f"/v1/runs/{r}")).json() for r in run_ids]
+    return steps, [(r["usage"], r["reserved"]) for r in runs]
+
+
+async def _five_steps(client: httpx.AsyncClient) -> tuple[list[str], list[str], list[str]]:
+    """Three runs; five steps in them, two runs with two each: (runs, each step's run,
+    steps)."""
+    runs = [await make_run(client) for _ in range(3)]
+    order = [runs[0], runs[1], runs[0], runs[2], runs[1]]
+    steps = [
+        (await submit(client, r, f"t{i}", max_tokens=2)).json()["step_id"]
+        for i, r in enumerate(order)
+    ]
+    for step_id in steps:
+        await wait_status(client, step_id, "succeeded")
+    return runs, order, steps
+
+
+async def test_steps_ending_in_one_commit_end_as_each_alone_would(
+    orch: Orchestrator, client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Five steps in three runs ending together leave their rows and their runs' accounts
+    as the same ends made one by one; on PostgreSQL in one statement for each step of a
+    run (here two), not one per step."""
+    from orchestratord.db import prepared
+
+    runs_a, order_a, alone = await _five_steps(client)
+    runs_b, order_b, together = await _five_steps(client)
+    await _running_again(orch, alone + together, 3)
+    endings = _endings(5)
+    for step_id, run_id, ending in zip(alone, order_a, endings, strict=True):
+        async with orch.db.write() as session:
+            await ending_finalizer(step_id, run_id, ending).run(session)
+
+    sql: list[str] = []
+    real = prepared.run_on_asyncpg
+
+    async def traced(adapted: object, conn: object, text: str, *a: object, **kw: object) -> object:
+        sql.append(" ".join(text.split()[:3]))
+        return await real(adapted, conn, text, *a, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(prepared, "run_on_asyncpg", traced)
+    finalizers = [
+        ending_finalizer(s, r, e) for s, r, e in zip(together, order_b, endings, strict=True)
+    ]
+    end_all = finalizers[0].together
+    assert end_all is not None and all(f.together is end_all for f in finalizers)
+    async with orch.db.write() as session:
+        assert await end_all(session, [f.item for f in finalizers]) == []
+    if not orch.db.is_sqlite:
+        assert sql == ["WITH ended AS"] * 2, sql
+    assert await _state(client, together, runs_b) == await _state(client, alone, runs_a)
+    steps, accounts = cast(tuple[list[Any], list[Any]], await _state(client, together, runs_b))
+    assert [s["status"] for s in steps] == ["succeeded", "failed"] * 2 + ["succeeded"]
+    assert all(reserved["tokens_out"] == 0 for _, reserved in accounts)
+
+
+async def test_a_step_not_running_among_steps_ending_together_is_named(
+    orch: Orchestrator, client: httpx.AsyncClient
+) -> None:
+    """One step of several ended elsewhere: the commit fails naming it (the event log then
+    commits each step apart, ``test_event_writer``), and nothing of the others is kept."""
+    runs, order, steps = await _five_steps(client)
+    await _running_again(orch, [s for i, s in enumerate(steps) if i != 3], 3)
+    before = await _state(client, steps, runs)
+    finalizers = [
+        ending_finalizer(s, r, e) for s, r, e in zip(steps, order, _endings(5), strict=True)
+    ]
+    end_all = finalizers[0].together
+    assert end_all is not None
+    with pytest.raises(Conflict, match=f"step {steps[3]} is succeeded, not running"):
+        async with orch.db.write() as session:
+            await end_all(session, [f.item for f in finalizers])
+    assert await _state(client, steps, runs) == before
+
+
+async def test_a_step_ended_elsewhere_fails_alone_among_steps_ending_together(
+    orch: Orchestrator, client: httpx.AsyncClient
+) -> None:
+    """Steps ending in one commit of the event log, one of them ended elsewhere meanwhile
+    (reaped, say): the others end and their events are written; its end and event are not,
+    and its log takes no more."""
+    runs, order, steps = await _five_steps(client)
+    await _running_again(orch, [s for i, s in enumerate(steps) if i != 3], 3)
+    logged = {s: len(await stored_events(orch.db, step_id=s)) for s in steps}
+    endings = _endings(5)
+    for step_id, run_id, ending in zip(steps, order, endings, strict=True):
+        event = log_event(run_id, step_id, logged[step_id], ending.event)
+        await orch.writer.append([event], finalizer=ending_finalizer(step_id, run_id, ending))
+    await orch.writer.wait_drained()
+    shown = [(await client.get(f"/v1/steps/{s}")).json()["status"] for s in steps]
+    assert shown == ["succeeded", "failed", "succeeded", "succeeded", "succeeded"]
+    added = [len(await stored_events(orch.db, step_id=s)) - logged[s] for s in steps]
+    assert added == [1, 1, 1, 0, 1]
+    assert orch.writer.failed_steps == {steps[3]}
+    accounts = [(await client.get(f"/v1/runs/{r}")).json()["reserved"] for r in runs]
+    assert [a["tokens_out"] for a in accounts] == [0, 0, 0]
