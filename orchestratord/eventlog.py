@@ -51,6 +51,9 @@ class Finalizer:
     # ``item``s in the order they were queued (one statement for many, where it can be)
     together: Callable[[Target, list[Any]], Awaitable[list[LogEvent]]] | None = None
     item: Any = None
+    # PostgreSQL: what the group's ``items`` write in the statement appending their events,
+    # which then needs no transaction (``Alongside``); None where they cannot go there
+    alongside: Callable[[list[Any]], Alongside | None] | None = None
 
 
 @dataclass(slots=True)
@@ -135,11 +138,11 @@ def _take_run_seqs_sql(n: int) -> str:
 # One round trip where there were four, and with nothing else in its transaction, no BEGIN
 # or COMMIT either (``alone``).
 _PG_APPEND = (
-    "WITH locked AS MATERIALIZED (SELECT run_id FROM runs WHERE run_id = ANY($1::varchar[])"
-    " ORDER BY run_id FOR NO KEY UPDATE),"
-    " taken AS (UPDATE runs SET event_seq = runs.event_seq + c.n"
-    " FROM unnest($1::varchar[], $2::bigint[]) AS c(run_id, n)"
-    " WHERE runs.run_id = c.run_id AND runs.run_id IN (SELECT run_id FROM locked)"
+    "WITH locked AS MATERIALIZED (SELECT run_id, status FROM runs"
+    " WHERE run_id = ANY($1::varchar[]) ORDER BY run_id FOR NO KEY UPDATE),{ctes}"
+    " taken AS (UPDATE runs SET event_seq = runs.event_seq + c.n{sets}"
+    " FROM unnest($1::varchar[], $2::bigint[]) AS c(run_id, n){join}"
+    " WHERE runs.run_id = c.run_id AND runs.run_id IN (SELECT run_id FROM locked){where}"
     " RETURNING runs.run_id, runs.event_seq - c.n AS base, runs.event_seq AS top),"
     " inserted AS (INSERT INTO events (run_id, run_seq, step_id, seq, type, data, span)"
     " SELECT e.run_id, t.base + e.k, e.step_id, e.seq, e.type, e.data, e.span"
@@ -148,8 +151,33 @@ _PG_APPEND = (
     " JOIN taken t ON t.run_id = e.run_id)"
     " SELECT run_id, top{wake} FROM taken"
 )
-_PG_APPEND_SQL = _PG_APPEND.format(wake="")
-_PG_APPEND_WAKE_SQL = _PG_APPEND.format(wake=", pg_notify($10, $11)")
+_APPEND_PARAMS = 9  # the wake-up's two follow
+_PG_APPEND_SQL = _PG_APPEND.format(ctes="", sets="", join="", where="", wake="")
+_PG_APPEND_WAKE_SQL = _PG_APPEND.format(
+    ctes="", sets="", join="", where="", wake=", pg_notify($10, $11)"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Alongside:
+    """Writes the append statement makes with the events (PostgreSQL), as parts of its text:
+    ``ctes`` (each followed by a comma) run with the batch's runs locked (``locked``: their
+    ids and statuses), ``sets`` (each after a comma) and ``join`` (to the FROM of ``c``,
+    the runs' ids and event counts) change the runs' rows as their cursors are taken, and
+    ``where`` (after an AND) may refuse them all: then the statement writes nothing. Their
+    parameters are numbered from ``{p}`` on (``{p1}`` ... for the next ones)."""
+
+    ctes: str
+    sets: str
+    join: str
+    where: str
+    params: tuple[Any, ...]
+
+    def sql(self, wake: bool) -> str:
+        first = _APPEND_PARAMS + (3 if wake else 1)
+        numbers = {"p": f"${first}", **{f"p{i}": f"${first + i}" for i in range(1, 16)}}
+        parts = {k: getattr(self, k).format(**numbers) for k in ("ctes", "sets", "join", "where")}
+        return _PG_APPEND.format(**parts, wake=", pg_notify($10, $11)" if wake else "")
 
 
 # PostgreSQL: every transaction that appends events also NOTIFYs this channel with the keys it
@@ -210,6 +238,22 @@ async def insert_events(
     assigning their run cursors; returns them in run-cursor order (each run's grouped by
     step), the order to publish them in. ``alone``: nothing else is written in this
     transaction after them (``Prepared.rows``)."""
+    done = await _insert(target, events, alone=alone, alongside=None)
+    assert done is not None  # only what goes alongside refuses
+    return done
+
+
+async def insert_events_alongside(
+    target: Target, events: Sequence[LogEvent], alongside: Alongside
+) -> list[LogEvent] | None:
+    """PostgreSQL: ``insert_events`` and the writes ``alongside``, in one statement that
+    commits by itself; ``None`` where those refused it (nothing was written)."""
+    return await _insert(target, events, alone=True, alongside=alongside)
+
+
+async def _insert(
+    target: Target, events: Sequence[LogEvent], *, alone: bool, alongside: Alongside | None
+) -> list[LogEvent] | None:
     per_run: dict[str, list[LogEvent]] = defaultdict(list)
     for ev in events:
         per_run[ev.run_id].append(ev)
@@ -222,8 +266,13 @@ async def insert_events(
         ordered.extend(batch)
     on_postgresql = dialect_of(target).name == "postgresql"
     if on_postgresql:  # the rows go with their offsets: the statement adds the cursors taken
-        bases = await _append_on_postgresql(target, runs, per_run, ordered, alone=alone)
+        bases = await _append_on_postgresql(
+            target, runs, per_run, ordered, alone=alone, alongside=alongside
+        )
+        if bases is None:
+            return None
     else:
+        assert alongside is None
         bases = await _take_cursors(target, runs, per_run)
     for ev in ordered:
         ev.run_seq = bases[ev.run_id] + (ev.run_seq or 0)
@@ -254,15 +303,21 @@ async def _append_on_postgresql(
     ordered: list[LogEvent],
     *,
     alone: bool,
-) -> dict[str, int]:
-    """``_PG_APPEND``: each run's first cursor for its part of the batch."""
+    alongside: Alongside | None,
+) -> dict[str, int] | None:
+    """``_PG_APPEND``: each run's first cursor for its part of the batch; ``None`` where
+    what went ``alongside`` refused the statement."""
     columns = list(zip(*_rows(ordered), strict=True))
     params: tuple[Any, ...] = (runs, [len(per_run[r]) for r in runs], *columns)
     origin = origin_of(target)
     sql = _PG_APPEND_SQL
     if origin is not None:
         sql, params = _PG_APPEND_WAKE_SQL, (*params, WAKE_CHANNEL, wake_payload(origin, ordered))
+    if alongside is not None:
+        sql, params = alongside.sql(origin is not None), (*params, *alongside.params)
     rows = await driver_sql(target, sql, params, alone=alone)
+    if not rows and alongside is not None:
+        return None
     return {row[0]: row[1] - len(per_run[row[0]]) for row in rows}
 
 
@@ -393,6 +448,18 @@ class _Batch:
         return list(parts.values())
 
 
+def _alongside(target: Target, batch: _Batch) -> Alongside | None:
+    """What the batch's finalizers write in the statement appending its events, where they
+    all can (PostgreSQL: one group sharing ``together``, each with its terminal event)."""
+    finalizers = [f for _, f in batch.finalizers]
+    if not finalizers or not batch.events or dialect_of(target).name != "postgresql":
+        return None
+    first = finalizers[0]
+    if first.alongside is None or any(f.together is not first.together for f in finalizers):
+        return None
+    return first.alongside([f.item for f in finalizers])
+
+
 async def _finalize(target: Target, finalizers: list[Finalizer]) -> list[LogEvent]:
     """Each finalizer in its turn, those sharing ``together`` in one call (the first one's
     turn); the events they return."""
@@ -518,15 +585,7 @@ class EventWriter:
         began = time.perf_counter()
         for attempt in range(self._retries + 1):
             try:
-                committed: list[LogEvent] = []
-                if self.db.on_driver and not any(f.needs_session for _, f in batch.finalizers):
-                    # prepared statements alone (tokens, a step's end): no session to open,
-                    # flush and close
-                    async with self.db.driver_write(urgent=True) as driver:
-                        committed = await self._write(driver, batch)
-                else:
-                    async with self.db.write(urgent=True) as session:
-                        committed = await self._write(session, batch)
+                committed = await self._transaction(batch)
                 break
             except (sa.exc.IntegrityError, sa.exc.DataError, OrchestratorError) as exc:
                 # what one step queued cannot be written, or its end cannot be made (it was
@@ -552,6 +611,23 @@ class EventWriter:
         for _, fut in batch.waiters:
             if not fut.done():
                 fut.set_result(None)
+
+    async def _transaction(self, batch: _Batch) -> list[LogEvent]:
+        """The batch in one transaction; the events committed."""
+        if not self.db.on_driver or any(f.needs_session for _, f in batch.finalizers):
+            async with self.db.write(urgent=True) as session:
+                return await self._write(session, batch)
+        # prepared statements alone (tokens, a step's end): no session to open, flush, close
+        async with self.db.driver_write(urgent=True) as driver:
+            alongside = _alongside(driver, batch)
+            if alongside is not None:  # one statement, unless what goes with it refuses
+                done = await insert_events_alongside(driver, batch.events, alongside)
+                if done is not None:
+                    return done
+            else:
+                return await self._write(driver, batch)
+        async with self.db.driver_write(urgent=True) as driver:
+            return await self._write(driver, batch)
 
     @staticmethod
     async def _write(target: Target, batch: _Batch) -> list[LogEvent]:

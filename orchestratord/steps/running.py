@@ -22,11 +22,12 @@ from orchestratord.db.models import Run, Step
 from orchestratord.eventlog import EventWriter, StepLog
 from orchestratord.pools.registry import Pool, Replica
 from orchestratord.scrubbing import scrub_ending
+from orchestratord.steps.ends import ending_finalizer
 from orchestratord.steps.kinds import kind_of
 from orchestratord.steps.kinds.base import StepContext
 from orchestratord.steps.queries import get_step, next_seq
 from orchestratord.steps.services import KindServices
-from orchestratord.steps.transition import end_interrupted, ending_finalizer
+from orchestratord.steps.transition import end_interrupted
 from orchestratord.tx import Tx
 
 log = logging.getLogger(__name__)

@@ -132,14 +132,14 @@ async def test_a_log_that_cannot_be_written_ends_the_step(
     """When the writer gives up on a batch, the step ends failed instead of staying running."""
     from orchestratord import eventlog
 
-    real = eventlog.insert_events
+    real = eventlog._insert
 
     async def failing(session, events, **kw):  # type: ignore[no-untyped-def]
         if any(ev.type == "token" for ev in events):
             raise RuntimeError("disk full")
         return await real(session, events, **kw)
 
-    monkeypatch.setattr(eventlog, "insert_events", failing)
+    monkeypatch.setattr(eventlog, "_insert", failing)
     run_id = await make_run(client)
     step_id = (await submit(client, run_id, max_tokens=20)).json()["step_id"]
     step = await wait_status(client, step_id, "failed", "succeeded")
@@ -159,7 +159,7 @@ async def test_a_step_whose_events_cannot_be_written_fails_alone(
     committed step by step: the other steps sharing the batch lose nothing."""
     from orchestratord import eventlog
 
-    real = eventlog.insert_events
+    real = eventlog._insert
     doomed_run = await make_run(client)
     others = [await make_run(client) for _ in range(4)]
 
@@ -168,7 +168,7 @@ async def test_a_step_whose_events_cannot_be_written_fails_alone(
             raise sa.exc.IntegrityError("INSERT INTO events", {}, Exception("duplicate key"))
         return await real(session, events, **kw)
 
-    monkeypatch.setattr(eventlog, "insert_events", refusing)
+    monkeypatch.setattr(eventlog, "_insert", refusing)
     subs = await asyncio.gather(
         *(submit(client, r, token="x", max_tokens=200) for r in [doomed_run, *others])
     )

@@ -20,7 +20,7 @@ from orchestratord.db.prepared import Target
 from orchestratord.eventlog import log_event
 from orchestratord.runtime import Orchestrator
 from orchestratord.steps.ending import Ending
-from orchestratord.steps.transition import ending_finalizer
+from orchestratord.steps.ends import ending_finalizer
 from tests.helpers import make_run, stored_events, submit, wait_status
 
 
@@ -153,11 +153,17 @@ async def _state(client: httpx.AsyncClient, step_ids: list[str], run_ids: list[s
     return steps, [(r["usage"], r["reserved"]) for r in runs]
 
 
-async def _five_steps(client: httpx.AsyncClient) -> tuple[list[str], list[str], list[str]]:
-    """Three runs; five steps in them, two runs with two each: (runs, each step's run,
+_TWO_IN_TWO_RUNS = [0, 1, 0, 2, 1]  # five steps in three runs, two of them with two each
+_ONE_PER_RUN = [0, 1, 2]
+
+
+async def _steps(
+    client: httpx.AsyncClient, pattern: list[int]
+) -> tuple[list[str], list[str], list[str]]:
+    """Runs, and a succeeded step in run ``pattern[i]`` for each i: (runs, each step's run,
     steps)."""
-    runs = [await make_run(client) for _ in range(3)]
-    order = [runs[0], runs[1], runs[0], runs[2], runs[1]]
+    runs = [await make_run(client) for _ in range(max(pattern) + 1)]
+    order = [runs[i] for i in pattern]
     steps = [
         (await submit(client, r, f"t{i}", max_tokens=2)).json()["step_id"]
         for i, r in enumerate(order)
@@ -175,8 +181,8 @@ async def test_steps_ending_in_one_commit_end_as_each_alone_would(
     run (here two), not one per step."""
     from orchestratord.db import prepared
 
-    runs_a, order_a, alone = await _five_steps(client)
-    runs_b, order_b, together = await _five_steps(client)
+    runs_a, order_a, alone = await _steps(client, _TWO_IN_TWO_RUNS)
+    runs_b, order_b, together = await _steps(client, _TWO_IN_TWO_RUNS)
     await _running_again(orch, alone + together, 3)
     endings = _endings(5)
     for step_id, run_id, ending in zip(alone, order_a, endings, strict=True):
@@ -211,7 +217,7 @@ async def test_a_step_not_running_among_steps_ending_together_is_named(
 ) -> None:
     """One step of several ended elsewhere: the commit fails naming it (the event log then
     commits each step apart, ``test_event_writer``), and nothing of the others is kept."""
-    runs, order, steps = await _five_steps(client)
+    runs, order, steps = await _steps(client, _TWO_IN_TWO_RUNS)
     await _running_again(orch, [s for i, s in enumerate(steps) if i != 3], 3)
     before = await _state(client, steps, runs)
     finalizers = [
@@ -231,18 +237,86 @@ async def test_a_step_ended_elsewhere_fails_alone_among_steps_ending_together(
     """Steps ending in one commit of the event log, one of them ended elsewhere meanwhile
     (reaped, say): the others end and their events are written; its end and event are not,
     and its log takes no more."""
-    runs, order, steps = await _five_steps(client)
+    runs, order, steps = await _steps(client, _TWO_IN_TWO_RUNS)
     await _running_again(orch, [s for i, s in enumerate(steps) if i != 3], 3)
+    assert await _end_through_writer(orch, steps, order, _endings(5)) == [1, 1, 1, 0, 1]
+    shown = [(await client.get(f"/v1/steps/{s}")).json()["status"] for s in steps]
+    assert shown == ["succeeded", "failed", "succeeded", "succeeded", "succeeded"]
+    assert orch.writer.failed_steps == {steps[3]}
+    accounts = [(await client.get(f"/v1/runs/{r}")).json()["reserved"] for r in runs]
+    assert [a["tokens_out"] for a in accounts] == [0, 0, 0]
+
+
+def _writer_statements(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, bool]]:
+    """The event writer's statements from now on: their first words, and whether each
+    began a transaction."""
+    import asyncio
+
+    from orchestratord.db import prepared
+
+    seen: list[tuple[str, bool]] = []
+    real = prepared.run_on_asyncpg
+
+    async def traced(adapted: object, conn: object, text: str, *a: object, **kw: Any) -> object:
+        task = asyncio.current_task()
+        if task is not None and task.get_name() == "event-writer":
+            seen.append((" ".join(text.split()[:3]), bool(kw.get("begin"))))
+        return await real(adapted, conn, text, *a, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(prepared, "run_on_asyncpg", traced)
+    return seen
+
+
+async def _end_through_writer(
+    orch: Orchestrator, steps: list[str], order: list[str], endings: list[Ending]
+) -> list[int]:
+    """The steps' terminal events and ends queued together (one commit of the event log);
+    how many events each step's log took."""
     logged = {s: len(await stored_events(orch.db, step_id=s)) for s in steps}
-    endings = _endings(5)
     for step_id, run_id, ending in zip(steps, order, endings, strict=True):
         event = log_event(run_id, step_id, logged[step_id], ending.event)
         await orch.writer.append([event], finalizer=ending_finalizer(step_id, run_id, ending))
     await orch.writer.wait_drained()
+    return [len(await stored_events(orch.db, step_id=s)) - logged[s] for s in steps]
+
+
+async def test_steps_ending_in_runs_taking_steps_end_in_the_statement_of_their_events(
+    orch: Orchestrator, client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PostgreSQL: steps of distinct running runs that end in one commit of the event log
+    end in the statement appending their terminal events, with no transaction around it;
+    their rows and runs' accounts as each end alone leaves them."""
+    if orch.db.is_sqlite:
+        pytest.skip("SQLite's commits are in-process: no round trip to save")
+    runs_a, order_a, alone = await _steps(client, _ONE_PER_RUN)
+    runs_b, order_b, together = await _steps(client, _ONE_PER_RUN)
+    await _running_again(orch, alone + together, 3)
+    endings = _endings(3)
+    for step_id, run_id, ending in zip(alone, order_a, endings, strict=True):
+        async with orch.db.write() as session:
+            await ending_finalizer(step_id, run_id, ending).run(session)
+    statements = _writer_statements(monkeypatch)
+    assert await _end_through_writer(orch, together, order_b, endings) == [1, 1, 1]
+    assert statements == [("WITH locked AS", False)]
+    assert await _state(client, together, runs_b) == await _state(client, alone, runs_a)
+
+
+async def test_ends_that_cannot_go_with_their_events_are_made_in_a_transaction(
+    orch: Orchestrator, client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PostgreSQL: one of the steps was ended elsewhere: the statement with the events writes
+    nothing, and the commit is made the general way (where its end conflicts, and the
+    others commit apart from it)."""
+    if orch.db.is_sqlite:
+        pytest.skip("SQLite's commits are in-process: no round trip to save")
+    runs, order, steps = await _steps(client, _ONE_PER_RUN)
+    await _running_again(orch, steps[:2], 3)  # the third is not running
+    statements = _writer_statements(monkeypatch)
+    assert await _end_through_writer(orch, steps, order, _endings(3)) == [1, 1, 0]
+    assert statements[0] == ("WITH locked AS", False)  # refused: nothing written
+    assert ("WITH locked AS", True) in statements[1:]  # the general way, in a transaction
     shown = [(await client.get(f"/v1/steps/{s}")).json()["status"] for s in steps]
-    assert shown == ["succeeded", "failed", "succeeded", "succeeded", "succeeded"]
-    added = [len(await stored_events(orch.db, step_id=s)) - logged[s] for s in steps]
-    assert added == [1, 1, 1, 0, 1]
-    assert orch.writer.failed_steps == {steps[3]}
+    assert shown == ["succeeded", "failed", "succeeded"]
+    assert orch.writer.failed_steps == {steps[2]}
     accounts = [(await client.get(f"/v1/runs/{r}")).json()["reserved"] for r in runs]
     assert [a["tokens_out"] for a in accounts] == [0, 0, 0]

@@ -1,0 +1,382 @@
+"""A running step's end: its row, its run's settlement and what the run does next, committed
+with its terminal event (the finalizer its runner gives the event log).
+
+Ends that commit together are made together: on PostgreSQL one statement ends steps of
+distinct runs (``end_together``), and where each is in a run still taking steps, the event
+log's statement appending their terminal events makes them too (``_alongside``): a round
+of the writer with steps ending is one round trip, with no transaction around it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple, NoReturn, cast
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from orchestrator_core import clock
+from orchestrator_core.errors import Conflict, NotFound
+from orchestrator_core.lifecycle import StepStatus, check_step_transition
+from orchestratord.db.json_codec import dumps
+from orchestratord.db.models import Run, Step
+from orchestratord.db.prepared import Prepared, Target, dialect_of
+from orchestratord.eventlog import Alongside, Finalizer, LogEvent
+from orchestratord.runs.ledger import RunState, Used, settle, settled, used_params
+from orchestratord.steps.ending import Ending
+from orchestratord.steps.transition import settle_run_after_step
+
+_STEPS = cast(sa.Table, Step.__table__)
+_RUNS = cast(sa.Table, Run.__table__)
+
+
+def ending_finalizer(step_id: str, run_id: str, ending: Ending) -> Finalizer:
+    """What commits with a step's terminal event: its status, output, usage, facts, and the
+    settlement of its reservation. Prepared statements alone, unless it adds rows; then the
+    ends of one commit of the event log are made together (``end_together``)."""
+
+    async def finalize(target: Target) -> list[LogEvent]:
+        return await _end_one(target, step_id, ending)
+
+    if ending.rows:
+        return Finalizer(finalize, needs_session=True)
+    return Finalizer(
+        finalize, together=end_together, item=_Ends(step_id, run_id, ending), alongside=_alongside
+    )
+
+
+class _Ends(NamedTuple):
+    step_id: str
+    run_id: str
+    ending: Ending
+
+
+async def _end_one(target: Target, step_id: str, ending: Ending) -> list[LogEvent]:
+    if dialect_of(target).name == "postgresql":  # one round trip
+        held, run = await _end_and_settle(target, step_id, ending)
+    else:
+        held = await _end_running(target, step_id, ending)
+        run = await settle(
+            target,
+            step=held,
+            tokens_in=ending.tokens_in,
+            tokens_out=ending.tokens_out,
+            cost_usd=ending.cost_usd,
+        )
+    if ending.rows:
+        assert isinstance(target, AsyncSession)  # needs_session
+        target.add_all(ending.rows)
+    return await settle_run_after_step(target, run_id=held.run_id, state=run)
+
+
+async def end_together(target: Target, items: list[Any]) -> list[LogEvent]:
+    """Steps that end in one commit of the event log (none adding rows). On PostgreSQL one
+    statement ends each set of them in distinct runs and settles their runs: a run settles
+    once per statement, for one step, as the end of one step settles it (the same sums in
+    the same order). Elsewhere, and for one step, each ends as alone."""
+    ends = cast(list[_Ends], items)
+    if len(ends) == 1 or dialect_of(target).name != "postgresql":
+        out: list[LogEvent] = []
+        for end in ends:
+            out.extend(await _end_one(target, end.step_id, end.ending))
+        return out
+    events: list[LogEvent] = []
+    for part in _in_distinct_runs(ends):
+        events.extend(await _end_many(target, part))
+    return events
+
+
+def _json(value: Any) -> str | None:
+    """A JSON column's value as the text the single-step statement stores (SQL NULL for None)."""
+    return None if value is None else dumps(value)
+
+
+def _in_distinct_runs(ends: list[_Ends]) -> list[list[_Ends]]:
+    """``ends`` in parts, no run twice in a part, in their order within each."""
+    parts: list[list[_Ends]] = []
+    runs: list[set[str]] = []
+    for end in ends:
+        i = next((i for i, seen in enumerate(runs) if end.run_id not in seen), len(parts))
+        if i == len(parts):
+            parts.append([])
+            runs.append(set())
+        parts[i].append(end)
+        runs[i].add(end.run_id)
+    return parts
+
+
+def _columns(ends: list[_Ends]) -> list[list[Any]]:
+    """The ends as the columns of ``unnest`` (``_MANY_KEYS``' order)."""
+    columns: list[list[Any]] = [[] for _ in _MANY_KEYS]
+    for end in ends:
+        e = end.ending
+        check_step_transition(StepStatus.RUNNING, e.status)
+        values = (
+            end.step_id,
+            e.status.value,
+            _json(e.output),
+            e.tokens_in,
+            e.tokens_out,
+            e.cost_usd,
+            _json(e.provenance),
+            _json(e.error),
+            e.replay_outcome,
+        )
+        for column, value in zip(columns, values, strict=True):
+            column.append(value)
+    return columns
+
+
+async def _end_many(target: Target, ends: list[_Ends]) -> list[LogEvent]:
+    params: dict[str, Any] = dict(zip(_MANY_KEYS, _columns(ends), strict=True))
+    params["b_now"] = clock.now()
+    rows = {row[0]: row for row in await _END_AND_SETTLE_MANY.rows(target, params)}
+    events: list[LogEvent] = []
+    for end in ends:
+        row = rows.get(end.step_id)
+        if row is None:
+            await _not_running(target, end.step_id)
+        state = RunState(*row[1:3])
+        events.extend(await settle_run_after_step(target, run_id=end.run_id, state=state))
+    return events
+
+
+_STEPS = cast(sa.Table, Step.__table__)
+_RUNS = cast(sa.Table, Run.__table__)
+# A running step ends: the transition as ``transition`` makes it, in one statement that also
+# returns what its settlement needs (no load of the row). ``status = 'running'`` guards it.
+_ENDS_RUNNING = (
+    _STEPS.update()
+    .where(_STEPS.c.step_id == sa.bindparam("b_step_id"), _STEPS.c.status == "running")
+    .values(
+        status=sa.bindparam("b_status"),
+        ended_at=sa.bindparam("b_now"),
+        lease_owner=None,
+        lease_expires_at=None,
+        output=sa.bindparam("b_output"),
+        tokens_in=sa.bindparam("b_tokens_in"),
+        tokens_out=sa.bindparam("b_tokens_out"),
+        cost_usd=sa.bindparam("b_cost_usd"),
+        provenance=sa.bindparam("b_provenance"),
+        error=sa.bindparam("b_error"),
+        replay_outcome=sa.bindparam("b_replay_outcome"),
+    )
+    .returning(
+        _STEPS.c.run_id,
+        _STEPS.c.tokens_in_reserved,
+        _STEPS.c.tokens_out_reserved,
+        _STEPS.c.cost_reserved_usd,
+    )
+)
+_END_RUNNING = Prepared(_ENDS_RUNNING)
+# PostgreSQL: the end and the settlement of its run in one statement (SQLite runs no UPDATE
+# in a WITH); its row: the run's status and end as it left them, then what the step held
+_ENDED = _ENDS_RUNNING.cte("ended")
+_END_AND_SETTLE = Prepared(
+    _RUNS.update()
+    .where(_RUNS.c.run_id == _ENDED.c.run_id)
+    .values(
+        settled(
+            _ENDED.c.tokens_in_reserved, _ENDED.c.tokens_out_reserved, _ENDED.c.cost_reserved_usd
+        )
+    )
+    .returning(_RUNS.c.status, _RUNS.c.ended_at, *_ENDED.c)
+)
+
+
+# PostgreSQL: the ends of several running steps, each of its own run (``end_together``):
+# each row of ``unnest`` is one step's ``_ENDS_RUNNING`` parameters, and its run settles as
+# ``_END_AND_SETTLE`` settles it; a row per step that ended: its id, its run's status and end
+_MANY_KEYS = (
+    "m_step_id",
+    "m_status",
+    "m_output",
+    "m_tokens_in",
+    "m_tokens_out",
+    "m_cost_usd",
+    "m_provenance",
+    "m_error",
+    "m_replay_outcome",
+)
+_MANY_TYPES = (
+    sa.String,
+    sa.String,
+    sa.Text,
+    sa.BigInteger,
+    sa.BigInteger,
+    sa.Float,
+    sa.Text,
+    sa.Text,
+    sa.String,
+)
+_NOW = sa.bindparam("b_now", type_=_STEPS.c.ended_at.type)
+_EACH = (
+    sa.func.unnest(
+        *(
+            sa.bindparam(key, type_=postgresql.ARRAY(t))
+            for key, t in zip(_MANY_KEYS, _MANY_TYPES, strict=True)
+        )
+    )
+    .table_valued(*(key[2:] for key in _MANY_KEYS))
+    .render_derived(name="each")
+)
+_ENDED_MANY = (
+    _STEPS.update()
+    .where(_STEPS.c.step_id == _EACH.c.step_id, _STEPS.c.status == "running")
+    .values(
+        status=_EACH.c.status,
+        ended_at=_NOW,
+        lease_owner=None,
+        lease_expires_at=None,
+        output=sa.cast(_EACH.c.output, sa.JSON),
+        tokens_in=_EACH.c.tokens_in,
+        tokens_out=_EACH.c.tokens_out,
+        cost_usd=_EACH.c.cost_usd,
+        provenance=sa.cast(_EACH.c.provenance, sa.JSON),
+        error=sa.cast(_EACH.c.error, sa.JSON),
+        replay_outcome=_EACH.c.replay_outcome,
+    )
+    .returning(
+        _STEPS.c.step_id,
+        _STEPS.c.run_id,
+        _STEPS.c.tokens_in_reserved,
+        _STEPS.c.tokens_out_reserved,
+        _STEPS.c.cost_reserved_usd,
+        _EACH.c.tokens_in.label("used_in"),
+        _EACH.c.tokens_out.label("used_out"),
+        sa.func.coalesce(_EACH.c.cost_usd, 0.0).label("used_cost"),
+        sa.case((_EACH.c.cost_usd.is_(None), 1), else_=0).label("unpriced"),
+    )
+    .cte("ended")
+)
+_END_AND_SETTLE_MANY = Prepared(
+    _RUNS.update()
+    .where(_RUNS.c.run_id == _ENDED_MANY.c.run_id)
+    .values(
+        settled(
+            _ENDED_MANY.c.tokens_in_reserved,
+            _ENDED_MANY.c.tokens_out_reserved,
+            _ENDED_MANY.c.cost_reserved_usd,
+            Used(
+                _ENDED_MANY.c.used_in,
+                _ENDED_MANY.c.used_out,
+                _ENDED_MANY.c.used_cost,
+                _ENDED_MANY.c.unpriced,
+                _NOW,
+            ),
+        )
+    )
+    .returning(_ENDED_MANY.c.step_id, _RUNS.c.status, _RUNS.c.ended_at)
+)
+
+
+class _Held(NamedTuple):
+    run_id: str
+    tokens_in_reserved: int
+    tokens_out_reserved: int
+    cost_reserved_usd: float
+
+
+def _end_params(step_id: str, ending: Ending) -> dict[str, Any]:
+    check_step_transition(StepStatus.RUNNING, ending.status)
+    return {
+        "b_step_id": step_id,
+        "b_status": ending.status.value,
+        "b_now": clock.now(),
+        "b_output": ending.output,
+        "b_tokens_in": ending.tokens_in,
+        "b_tokens_out": ending.tokens_out,
+        "b_cost_usd": ending.cost_usd,
+        "b_provenance": ending.provenance,
+        "b_error": ending.error,
+        "b_replay_outcome": ending.replay_outcome,
+    }
+
+
+async def _end_running(target: Target, step_id: str, ending: Ending) -> _Held:
+    row = await _END_RUNNING.first(target, _end_params(step_id, ending))
+    if row is None:
+        await _not_running(target, step_id)
+    return _Held(*row)
+
+
+async def _end_and_settle(target: Target, step_id: str, ending: Ending) -> tuple[_Held, RunState]:
+    params = _end_params(step_id, ending)
+    params.update(used_params(ending.tokens_in, ending.tokens_out, ending.cost_usd))
+    row = await _END_AND_SETTLE.first(target, params)
+    if row is None:
+        await _not_running(target, step_id)
+    return _Held(*row[2:]), RunState(*row[:2])
+
+
+async def _not_running(target: Target, step_id: str) -> NoReturn:
+    """Raise why a step did not end: it is no longer running (ended elsewhere), or there is
+    no such step."""
+    found = await _STEP_STATUS.first(target, {"b_step_id": step_id})
+    if found is None:
+        raise NotFound("step", step_id)
+    raise Conflict(f"step {step_id} is {found[0]}, not running: it cannot end here")
+
+
+_STEP_STATUS = Prepared(
+    sa.select(_STEPS.c.status).where(_STEPS.c.step_id == sa.bindparam("b_step_id"))
+)
+
+
+# PostgreSQL, in the event log's statement appending the terminal events (``Alongside``):
+# the steps locked (after their runs, as everywhere) and each found running, each in a run
+# still running whose events the statement appends, or nothing is written (``ok``); then
+# each step ends as ``_ENDS_RUNNING`` ends it, and its run settles as ``ledger.settled``
+# settles it, in the update that takes its run's cursors (a row is updated once per
+# statement); the runs without an end keep their account.
+_ALONGSIDE_CTES = (
+    " live AS MATERIALIZED (SELECT step_id FROM steps WHERE step_id = ANY({p}::varchar[])"
+    " AND status = 'running' AND (SELECT count(*) FROM locked) >= 0"
+    " ORDER BY step_id FOR NO KEY UPDATE),"
+    " ok AS MATERIALIZED (SELECT count(*) = cardinality({p}::varchar[])"
+    " AND {p9}::varchar[] <@ $1::varchar[] AND NOT EXISTS (SELECT FROM locked"
+    " WHERE run_id = ANY({p9}::varchar[]) AND status <> 'running') AS ok FROM live),"
+    " ended AS (UPDATE steps SET status = each.status, ended_at = {p10}::timestamptz,"
+    " lease_owner = NULL, lease_expires_at = NULL, output = each.output::json,"
+    " tokens_in = each.tokens_in, tokens_out = each.tokens_out, cost_usd = each.cost_usd,"
+    " provenance = each.provenance::json, error = each.error::json,"
+    " replay_outcome = each.replay_outcome"
+    " FROM unnest({p}::varchar[], {p1}::varchar[], {p2}::text[], {p3}::bigint[],"
+    " {p4}::bigint[], {p5}::float8[], {p6}::text[], {p7}::text[], {p8}::varchar[])"
+    " AS each(step_id, status, output, tokens_in, tokens_out, cost_usd, provenance, error,"
+    " replay_outcome)"
+    " WHERE steps.step_id = each.step_id AND steps.status = 'running' AND (SELECT ok FROM ok)"
+    " RETURNING steps.run_id, steps.tokens_in_reserved AS held_in,"
+    " steps.tokens_out_reserved AS held_out, steps.cost_reserved_usd AS held_cost,"
+    " each.tokens_in AS used_in, each.tokens_out AS used_out,"
+    " coalesce(each.cost_usd, 0) AS used_cost,"
+    " CASE WHEN each.cost_usd IS NULL THEN 1 ELSE 0 END AS unpriced),"
+)
+_ALONGSIDE_SETS = (
+    ", tokens_in_used = runs.tokens_in_used + coalesce(d.used_in, 0)"
+    ", tokens_out_used = runs.tokens_out_used + coalesce(d.used_out, 0)"
+    ", cost_used_usd = runs.cost_used_usd + coalesce(d.used_cost, 0)"
+    ", unpriced_steps = runs.unpriced_steps + coalesce(d.unpriced, 0)"
+    ", tokens_in_reserved = runs.tokens_in_reserved - coalesce(d.held_in, 0)"
+    ", tokens_out_reserved = runs.tokens_out_reserved - coalesce(d.held_out, 0)"
+    ", cost_reserved_usd = runs.cost_reserved_usd - coalesce(d.held_cost, 0)"
+    ", updated_at = CASE WHEN d.run_id IS NULL THEN runs.updated_at"
+    " ELSE {p10}::timestamptz END"
+)
+
+
+def _alongside(items: list[Any]) -> Alongside | None:
+    """The ends made by the statement appending their events: each in its own run (a run
+    settles once per statement), else ``None``."""
+    ends = cast(list[_Ends], items)
+    runs = [end.run_id for end in ends]
+    if len(set(runs)) < len(runs):
+        return None
+    params = (*_columns(ends), runs, clock.now())
+    return Alongside(
+        ctes=_ALONGSIDE_CTES,
+        sets=_ALONGSIDE_SETS,
+        join=" LEFT JOIN ended d ON d.run_id = c.run_id",
+        where=" AND (SELECT ok FROM ok)",
+        params=params,
+    )
