@@ -9,6 +9,10 @@ often the server was switched out while it could run (what a loaded machine make
 for). Each burst follows a warm-up round of 4-token streams, as in ``bench/latency.py``.
 
     .venv/bin/python bench/burst.py [--pg] [--one-request] [--tokens 200] [--rounds 9]
+        [--against /path/to/other/checkout]
+
+``--against``: a second server, from that checkout (on its own database), its bursts
+interleaved with this one's (A/B on the machine's same minutes).
 """
 
 from __future__ import annotations
@@ -28,43 +32,70 @@ from bench import latency  # noqa: E402
 from bench.relay import PgDatabase  # noqa: E402
 
 
-async def bursts(a: argparse.Namespace, url: str, upstream: str, tmp: Path) -> Any:
-    env = latency.write_pools(tmp, upstream, max(64, a.streams))
+async def _side(
+    a: argparse.Namespace, name: str, url: str, tree: Path, env: dict[str, str], tmp: Path
+) -> tuple[latency.Target, Any]:
     pools = ["--pools", str(tmp / "pools.yaml")]
-    server = await latency.start_orchestratord("orchestratord", url, pools, env, tmp)
+    server = await latency.start_orchestratord(name, url, pools, env, tmp, tree)
+    runs = await latency.make_runs(server.base_url, a.streams)
+    stream = latency.orchestrated_stream(server.base_url, runs, one_request=a.one_request)
+    return latency.Target(name, stream, server), server
+
+
+def _figures(rows: list[dict[str, float]], beside: list[float]) -> dict[str, Any]:
+    through = [r["ttft_p99_ms"] for r in rows]
+    return {
+        "orchestratord_p99_ms": through,
+        "added_p99_ms": statistics.median(through) - statistics.median(beside),
+        # within each measured burst (not its warm-up round), median over the bursts
+        "server_cpu_ms": 1000 * statistics.median(r["cpu_s"] for r in rows),
+        "postgres_cpu_ms": 1000 * statistics.median(r["postgres_cpu_s"] for r in rows),
+        "server_switched_out": statistics.median(r["server_preemptions"] for r in rows),
+    }
+
+
+async def bursts(a: argparse.Namespace, urls: list[str], upstream: str, tmp: Path) -> Any:
+    """One server per URL (this checkout's, then ``--against``'s), bursts interleaved."""
+    env = latency.write_pools(tmp, upstream, max(64, a.streams))
+    trees = [ROOT] + ([Path(a.against).resolve()] if a.against else [])
+    sides = []
     try:
-        runs = await latency.make_runs(server.base_url, a.streams)
-        stream = latency.orchestrated_stream(server.base_url, runs, one_request=a.one_request)
-        target = latency.Target("orchestratord", stream, server)
+        for tree, url in zip(trees, urls, strict=True):
+            sides.append(await _side(a, str(tree), url, tree, env, tmp))
         direct = latency.Target("direct", latency.direct_stream(upstream), None)
-        await latency.concurrent(target, a.streams, a.tokens)  # warm: the runs read once
-        rows: list[dict[str, float]] = []
+        for target, _ in sides:
+            await latency.concurrent(target, a.streams, a.tokens)  # warm: the runs read once
+        rows: list[list[dict[str, float]]] = [[] for _ in sides]
         beside: list[float] = []
         for _ in range(a.rounds):
-            rows.append(await latency.concurrent(target, a.streams, a.tokens))
+            for i, (target, _) in enumerate(sides):
+                rows[i].append(await latency.concurrent(target, a.streams, a.tokens))
             beside.append((await latency.concurrent(direct, a.streams, a.tokens))["ttft_p99_ms"])
-        through = [r["ttft_p99_ms"] for r in rows]
-        return {
-            "orchestratord_p99_ms": through,
-            "direct_p99_ms": beside,
-            "added_p99_ms": statistics.median(through) - statistics.median(beside),
-            # within each measured burst (not its warm-up round), median over the bursts
-            "server_cpu_ms": 1000 * statistics.median(r["cpu_s"] for r in rows),
-            "postgres_cpu_ms": 1000 * statistics.median(r["postgres_cpu_s"] for r in rows),
-            "server_switched_out": statistics.median(r["server_preemptions"] for r in rows),
-        }
+        out: dict[str, Any] = {"direct_p99_ms": beside}
+        for (target, _), side_rows in zip(sides, rows, strict=True):
+            figures = _figures(side_rows, beside)
+            if len(sides) == 1:
+                return {**figures, **out}
+            out.update({f"{target.name}: {k}": v for k, v in figures.items()})
+        return out
     finally:
-        await server.stop()
+        for _, server in sides:
+            await server.stop()
 
 
 async def main_async(a: argparse.Namespace) -> Any:
     tmp = Path(tempfile.mkdtemp())
     fake, upstream = await latency.start_engine(tmp)
+    n = 2 if a.against else 1
     try:
         if not a.pg:
-            return await bursts(a, f"sqlite:///{tmp / 'orch.db'}", upstream, tmp)
-        async with PgDatabase(a.pg_url) as url:
-            return await bursts(a, url, upstream, tmp)
+            urls = [f"sqlite:///{tmp / f'orch{i}.db'}" for i in range(n)]
+            return await bursts(a, urls, upstream, tmp)
+        async with PgDatabase(a.pg_url) as first:
+            if n == 1:
+                return await bursts(a, [first], upstream, tmp)
+            async with PgDatabase(a.pg_url) as second:
+                return await bursts(a, [first, second], upstream, tmp)
     finally:
         await fake.stop()
 
@@ -77,6 +108,7 @@ def main() -> None:
     ap.add_argument("--streams", type=int, default=50)
     ap.add_argument("--tokens", type=int, default=200)
     ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--against", help="another checkout: its server's bursts interleaved")
     a = ap.parse_args()
     out = asyncio.run(main_async(a))
     for key, value in out.items():
