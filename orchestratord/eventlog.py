@@ -29,11 +29,18 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from contracts.events import EventBase, NarrationEvent
-from orchestrator_core.errors import OrchestratorError
+from orchestrator_core.errors import Conflict, NotFound
 from orchestrator_core.event_order import TERMINAL_TYPES, EventOrder, EventType
 from orchestratord.db.engine import Database
 from orchestratord.db.models import Event, Run
-from orchestratord.db.prepared import Prepared, Target, dialect_of, driver_sql, origin_of
+from orchestratord.db.prepared import (
+    Prepared,
+    Target,
+    dialect_of,
+    driver_sql,
+    nothing_written,
+    origin_of,
+)
 
 log = logging.getLogger(__name__)
 
@@ -165,7 +172,8 @@ class Alongside:
     ids and statuses), ``sets`` (each after a comma) and ``join`` (to the FROM of ``c``,
     the runs' ids and event counts) change the runs' rows as their cursors are taken, and
     ``where`` (after an AND) may refuse them all: then the statement writes nothing. Their
-    parameters are numbered from ``{p}`` on (``{p1}`` ... for the next ones)."""
+    parameters are numbered from ``{p}`` on (``{p1}`` ... for the next ones); ``$1`` holds
+    the batch's run ids, ``c.run_id`` names a run being updated in ``join``."""
 
     ctes: str
     sets: str
@@ -587,7 +595,7 @@ class EventWriter:
             try:
                 committed = await self._transaction(batch)
                 break
-            except (sa.exc.IntegrityError, sa.exc.DataError, OrchestratorError) as exc:
+            except (sa.exc.IntegrityError, sa.exc.DataError, Conflict, NotFound) as exc:
                 # what one step queued cannot be written, or its end cannot be made (it was
                 # ended elsewhere): retrying cannot help; the steps are committed apart, so
                 # the others do not share its failure
@@ -624,9 +632,7 @@ class EventWriter:
                 done = await insert_events_alongside(driver, batch.events, alongside)
                 if done is not None:
                     return done
-            else:
-                return await self._write(driver, batch)
-        async with self.db.driver_write(urgent=True) as driver:
+                nothing_written(driver)  # the general way, in this transaction
             return await self._write(driver, batch)
 
     @staticmethod

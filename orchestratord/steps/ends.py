@@ -26,9 +26,6 @@ from orchestratord.runs.ledger import RunState, Used, settle, settled, used_para
 from orchestratord.steps.ending import Ending
 from orchestratord.steps.transition import settle_run_after_step
 
-_STEPS = cast(sa.Table, Step.__table__)
-_RUNS = cast(sa.Table, Run.__table__)
-
 
 def ending_finalizer(step_id: str, run_id: str, ending: Ending) -> Finalizer:
     """What commits with a step's terminal event: its status, output, usage, facts, and the
@@ -324,15 +321,18 @@ _STEP_STATUS = Prepared(
 
 
 # PostgreSQL, in the event log's statement appending the terminal events (``Alongside``):
-# the steps locked (after their runs, as everywhere) and each found running, each in a run
-# still running whose events the statement appends, or nothing is written (``ok``); then
+# the steps locked (after their runs, as everywhere) and each found running in the run its
+# runner named, each run still running and among those whose events the statement appends
+# (``$1``), or nothing is written (``ok``); then
 # each step ends as ``_ENDS_RUNNING`` ends it, and its run settles as ``ledger.settled``
 # settles it, in the update that takes its run's cursors (a row is updated once per
 # statement); the runs without an end keep their account.
 _ALONGSIDE_CTES = (
-    " live AS MATERIALIZED (SELECT step_id FROM steps WHERE step_id = ANY({p}::varchar[])"
-    " AND status = 'running' AND (SELECT count(*) FROM locked) >= 0"
-    " ORDER BY step_id FOR NO KEY UPDATE),"
+    " live AS MATERIALIZED (SELECT s.step_id FROM steps s"
+    " JOIN unnest({p}::varchar[], {p9}::varchar[]) AS w(step_id, run_id)"
+    " ON s.step_id = w.step_id AND s.run_id = w.run_id"
+    " WHERE s.status = 'running' AND (SELECT count(*) FROM locked) >= 0"
+    " ORDER BY s.step_id FOR NO KEY UPDATE OF s),"
     " ok AS MATERIALIZED (SELECT count(*) = cardinality({p}::varchar[])"
     " AND {p9}::varchar[] <@ $1::varchar[] AND NOT EXISTS (SELECT FROM locked"
     " WHERE run_id = ANY({p9}::varchar[]) AND status <> 'running') AS ok FROM live),"

@@ -6,18 +6,20 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from datetime import timedelta
 from typing import Any, cast
 
 import httpx
 import pytest
 import sqlalchemy as sa
 
-from contracts.events import EndEvent
+from contracts.events import EndEvent, NarrationEvent
+from orchestrator_core import clock
 from orchestrator_core.errors import Conflict, NotFound
 from orchestrator_core.lifecycle import StepStatus
 from orchestratord.db.models import Run, Step
 from orchestratord.db.prepared import Target
-from orchestratord.eventlog import log_event
+from orchestratord.eventlog import LogEvent, log_event
 from orchestratord.runtime import Orchestrator
 from orchestratord.steps.ending import Ending
 from orchestratord.steps.ends import ending_finalizer
@@ -110,7 +112,12 @@ async def _running_again(orch: Orchestrator, step_ids: list[str], held_out: int)
                 await session.execute(
                     sa.update(Step)
                     .where(Step.step_id == step_id)
-                    .values(status="running", tokens_out_reserved=held_out)
+                    .values(
+                        status="running",
+                        tokens_out_reserved=held_out,
+                        lease_owner="elsewhere",
+                        lease_expires_at=clock.now() + timedelta(hours=1),
+                    )
                     .returning(Step.run_id)
                 )
             ).scalar_one()
@@ -207,6 +214,7 @@ async def test_steps_ending_in_one_commit_end_as_each_alone_would(
     if not orch.db.is_sqlite:
         assert sql == ["WITH ended AS"] * 2, sql
     assert await _state(client, together, runs_b) == await _state(client, alone, runs_a)
+    await _check_ended_rows(orch, together[2:], order_b[2:])  # each run's last end
     steps, accounts = cast(tuple[list[Any], list[Any]], await _state(client, together, runs_b))
     assert [s["status"] for s in steps] == ["succeeded", "failed"] * 2 + ["succeeded"]
     assert all(reserved["tokens_out"] == 0 for _, reserved in accounts)
@@ -268,11 +276,16 @@ def _writer_statements(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, bool]
 
 
 async def _end_through_writer(
-    orch: Orchestrator, steps: list[str], order: list[str], endings: list[Ending]
+    orch: Orchestrator,
+    steps: list[str],
+    order: list[str],
+    endings: list[Ending],
+    also: list[LogEvent] = [],  # noqa: B006 (read only)
 ) -> list[int]:
-    """The steps' terminal events and ends queued together (one commit of the event log);
-    how many events each step's log took."""
+    """The steps' terminal events and ends queued together (one commit of the event log),
+    after the events ``also``; how many events each step's log took."""
     logged = {s: len(await stored_events(orch.db, step_id=s)) for s in steps}
+    await orch.writer.append(also)
     for step_id, run_id, ending in zip(steps, order, endings, strict=True):
         event = log_event(run_id, step_id, logged[step_id], ending.event)
         await orch.writer.append([event], finalizer=ending_finalizer(step_id, run_id, ending))
@@ -295,10 +308,36 @@ async def test_steps_ending_in_runs_taking_steps_end_in_the_statement_of_their_e
     for step_id, run_id, ending in zip(alone, order_a, endings, strict=True):
         async with orch.db.write() as session:
             await ending_finalizer(step_id, run_id, ending).run(session)
+    other = await make_run(client)  # events in the same statement, no step ending
+    other_before = await _run_row(orch, other)
     statements = _writer_statements(monkeypatch)
-    assert await _end_through_writer(orch, together, order_b, endings) == [1, 1, 1]
+    narration = log_event(other, None, None, NarrationEvent(text="meanwhile"))
+    assert await _end_through_writer(orch, together, order_b, endings, [narration]) == [1, 1, 1]
     assert statements == [("WITH locked AS", False)]
     assert await _state(client, together, runs_b) == await _state(client, alone, runs_a)
+    await _check_ended_rows(orch, together, order_b)
+    after = await _run_row(orch, other)
+    assert after.pop("event_seq") == other_before.pop("event_seq") + 1
+    assert after == other_before  # its account and update time as they were
+
+
+async def _run_row(orch: Orchestrator, run_id: str) -> dict[str, Any]:
+    async with orch.db.read() as session:
+        row = (await session.execute(sa.select(Run).where(Run.run_id == run_id))).scalar_one()
+        return {c.key: getattr(row, c.key) for c in Run.__table__.columns}
+
+
+async def _check_ended_rows(orch: Orchestrator, steps: list[str], order: list[str]) -> None:
+    """Each step's lease let go, and its end stamped as its run's update (on PostgreSQL in
+    the one statement: at the same time; SQLite settles in a second one)."""
+    for step_id, run_id in zip(steps, order, strict=True):
+        async with orch.db.read() as session:
+            step = await session.get(Step, step_id)
+            assert step is not None
+            assert (step.lease_owner, step.lease_expires_at) == (None, None)
+            assert step.ended_at is not None
+        updated = (await _run_row(orch, run_id))["updated_at"]
+        assert step.ended_at == updated if not orch.db.is_sqlite else step.ended_at <= updated
 
 
 async def test_ends_that_cannot_go_with_their_events_are_made_in_a_transaction(
@@ -320,3 +359,24 @@ async def test_ends_that_cannot_go_with_their_events_are_made_in_a_transaction(
     assert orch.writer.failed_steps == {steps[2]}
     accounts = [(await client.get(f"/v1/runs/{r}")).json()["reserved"] for r in runs]
     assert [a["tokens_out"] for a in accounts] == [0, 0, 0]
+
+
+async def test_the_last_step_of_a_cancelling_run_ends_it_in_the_batchs_transaction(
+    orch: Orchestrator, client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run no longer taking steps (cancelling): on PostgreSQL the one statement with the
+    events refuses; the batch's transaction ends the step and, its last, the run
+    (``cancelled``, ``run_end``)."""
+    runs, order, steps = await _steps(client, [0])
+    await _running_again(orch, steps, 3)
+    async with orch.db.write() as session:
+        await session.execute(
+            sa.update(Run).where(Run.run_id == runs[0]).values(status="cancelling")
+        )
+    statements = _writer_statements(monkeypatch)
+    assert await _end_through_writer(orch, steps, order, _endings(1)) == [1]
+    if not orch.db.is_sqlite:
+        assert statements[0] == ("WITH locked AS", False)  # refused: nothing written
+        assert ("WITH locked AS", True) in statements[1:]
+    assert (await client.get(f"/v1/runs/{runs[0]}")).json()["status"] == "cancelled"
+    assert (await stored_events(orch.db, run_id=runs[0]))[-1].type == "run_end"
