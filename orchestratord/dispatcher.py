@@ -211,6 +211,11 @@ class Dispatcher:
     def slot_for(self, pool: Pool, run: Run) -> Replica | None:
         return pool.acquire(self._session_replica(pool, run))
 
+    def give_back(self, pool: Pool, replica: Replica) -> None:
+        pool.release(replica)
+        if self._may_wait(pool.pool_id):  # a step queued while the slot was taken
+            self.wake()
+
     def claim(self, step: Step, replica: Replica) -> None:
         transition(step, StepStatus.RUNNING)
         self.leases.grant(step)

@@ -99,7 +99,12 @@ class Starter(Protocol):
 
     def slot_for(self, pool: Pool, run: Run) -> Replica | None:
         """A slot taken for a step of ``run`` on ``pool`` (its session's replica where the
-        engine keeps sessions), or None; given back with ``pool.release``."""
+        engine keeps sessions), or None; given back with ``give_back``."""
+        ...
+
+    def give_back(self, pool: Pool, replica: Replica) -> None:
+        """A slot taken by a submission that stored no started step: free again, for a
+        step queued meanwhile too."""
         ...
 
     def claim(self, step: Step, replica: Replica) -> None:
@@ -396,6 +401,7 @@ _QUEUED_AT_PRIORITY = Prepared(
 class Slot:
     """A slot ``StartNow`` took; given back once, whichever way the submission fails."""
 
+    starter: Starter
     pool: Pool
     replica: Replica
     held: bool = True
@@ -403,7 +409,7 @@ class Slot:
     def release(self) -> None:
         if self.held:
             self.held = False
-            self.pool.release(self.replica)
+            self.starter.give_back(self.pool, self.replica)
 
 
 class StartNow:
@@ -431,7 +437,7 @@ class StartNow:
                 return None
         replica = starter.slot_for(pool, sub.run)  # taken meanwhile, or its session's is busy
         if replica is not None:
-            sub.slot = slot = Slot(pool, replica)
+            sub.slot = slot = Slot(starter, pool, replica)
             sub.tx.on_rollback(slot.release)
         return None
 

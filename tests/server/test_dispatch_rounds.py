@@ -44,8 +44,10 @@ def rounds(monkeypatch: pytest.MonkeyPatch) -> list[str | None]:
 _ORCH: list[Orchestrator] = []  # the service behind the latest client
 
 
-async def _client(db_url: str, slots: int) -> AsyncIterator[httpx.AsyncClient]:
-    orch = Orchestrator(make_settings(db_url, dispatch={"poll_s": 60.0}, sim={"slots": slots}))
+async def _client(db_url: str, slots: int, **settings: Any) -> AsyncIterator[httpx.AsyncClient]:
+    orch = Orchestrator(
+        make_settings(db_url, dispatch={"poll_s": 60.0}, sim={"slots": slots}, **settings)
+    )
     await orch.start()
     _ORCH.append(orch)
     try:
@@ -204,6 +206,53 @@ async def test_a_step_refused_after_taking_its_slot_gives_it_back(
     assert fits.json()["status"] == "running", fits.text
     await wait_status(slots, fits.json()["step_id"], "succeeded")
     assert orch.pools.pools["local"].free_slots == 8
+
+
+async def test_a_slot_given_back_by_a_refused_step_starts_a_step_queued_meanwhile(
+    db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A submission that took the pool's only slot is refused (its budget): a step queued
+    while it held the slot starts when it gives the slot back, not a poll later (the
+    dispatcher polls every 60 s here, and no health round wakes it)."""
+    if db_url.startswith("sqlite"):
+        pytest.skip("SQLite's writes take turns: no step is queued while a submission runs")
+    async for one_slot in _client(db_url, 1, health_interval_s=3600.0):
+        await _queued_while_a_slot_is_held(one_slot, monkeypatch)
+
+
+async def _queued_while_a_slot_is_held(
+    one_slot: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from orchestratord.steps import submission
+
+    orch = _ORCH[-1]
+    other = await make_run(one_slot)
+    run_id = await make_run(one_slot, budgets={"max_tokens_out": 2})
+    spent = await submit(one_slot, run_id, token="spent", max_tokens=2)
+    await wait_status(one_slot, spent.json()["step_id"], "succeeded")
+    holding, go_on = asyncio.Event(), asyncio.Event()
+    real = submission.Insert.apply
+
+    async def paused(self: Any, sub: Any) -> Any:
+        if sub.run_id == run_id:  # the slot taken (StartNow), the budget not yet checked
+            holding.set()
+            await go_on.wait()
+        return await real(self, sub)
+
+    monkeypatch.setattr(submission.Insert, "apply", paused)
+    refused = asyncio.create_task(submit(one_slot, run_id, token="refused", max_tokens=2))
+    try:
+        await holding.wait()
+        assert orch.pools.pools["local"].free_slots == 0
+        queued = await submit(one_slot, other, token="queued", max_tokens=2)
+        assert queued.json()["status"] == "queued", queued.text
+    finally:
+        go_on.set()
+    assert (await refused).json()["code"] == "BUDGET_EXCEEDED"
+    step = await asyncio.wait_for(
+        wait_status(one_slot, queued.json()["step_id"], "succeeded"), timeout=10
+    )
+    assert step["status"] == "succeeded"
 
 
 @_SQLITE
