@@ -72,7 +72,6 @@ async def test_a_step_ends_and_settles_in_one_statement_on_postgresql(
     """Its row and its run's account, one round trip (two on SQLite, in-process)."""
     if orch.db.is_sqlite:
         pytest.skip("SQLite runs no UPDATE in a WITH: two statements, no round trip")
-    from orchestratord.db import prepared
 
     run_id = await make_run(client)
     step_id = (await submit(client, run_id, max_tokens=2)).json()["step_id"]
@@ -87,17 +86,10 @@ async def test_a_step_ends_and_settles_in_one_statement_on_postgresql(
         await session.execute(
             sa.update(Run).where(Run.run_id == run_id).values(tokens_out_reserved=3)
         )
-    sql: list[str] = []
-    real = prepared.run_on_asyncpg
-
-    async def traced(adapted: object, conn: object, text: str, *a: object, **kw: object) -> object:
-        sql.append(" ".join(text.split()[:3]))
-        return await real(adapted, conn, text, *a, **kw)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(prepared, "run_on_asyncpg", traced)
+    sql = _statements(monkeypatch)
     async with orch.db.driver_write() as target:
         assert await ending_finalizer(step_id, run_id, _ending()).run(target) == []
-    assert sql == ["WITH ended AS"], sql
+    assert [head for head, _ in sql] == ["WITH ended AS"], sql
     run = (await client.get(f"/v1/runs/{run_id}")).json()
     assert run["usage"]["tokens_out"] == usage["tokens_out"] + 1
     assert run["reserved"]["tokens_out"] == 0
@@ -180,30 +172,34 @@ async def _steps(
     return runs, order, steps
 
 
+_Set = tuple[list[str], list[str], list[str]]
+
+
+async def _two_sets_first_ended(
+    orch: Orchestrator, client: httpx.AsyncClient, pattern: list[int]
+) -> tuple[_Set, _Set, list[Ending]]:
+    """Two like sets of steps (``_steps``) running again, the first ended one step at a
+    time the single-step way; (the first, the second, their endings)."""
+    first, second = await _steps(client, pattern), await _steps(client, pattern)
+    await _running_again(orch, first[2] + second[2], 3)
+    endings = _endings(len(pattern))
+    for step_id, run_id, ending in zip(first[2], first[1], endings, strict=True):
+        async with orch.db.write() as session:
+            await ending_finalizer(step_id, run_id, ending).run(session)
+    return first, second, endings
+
+
 async def test_steps_ending_in_one_commit_end_as_each_alone_would(
     orch: Orchestrator, client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Five steps in three runs ending together leave their rows and their runs' accounts
     as the same ends made one by one; on PostgreSQL in one statement for each step of a
     run (here two), not one per step."""
-    from orchestratord.db import prepared
 
-    runs_a, order_a, alone = await _steps(client, _TWO_IN_TWO_RUNS)
-    runs_b, order_b, together = await _steps(client, _TWO_IN_TWO_RUNS)
-    await _running_again(orch, alone + together, 3)
-    endings = _endings(5)
-    for step_id, run_id, ending in zip(alone, order_a, endings, strict=True):
-        async with orch.db.write() as session:
-            await ending_finalizer(step_id, run_id, ending).run(session)
+    sets = await _two_sets_first_ended(orch, client, _TWO_IN_TWO_RUNS)
+    (runs_a, _, alone), (runs_b, order_b, together), endings = sets
 
-    sql: list[str] = []
-    real = prepared.run_on_asyncpg
-
-    async def traced(adapted: object, conn: object, text: str, *a: object, **kw: object) -> object:
-        sql.append(" ".join(text.split()[:3]))
-        return await real(adapted, conn, text, *a, **kw)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(prepared, "run_on_asyncpg", traced)
+    sql = _statements(monkeypatch)
     finalizers = [
         ending_finalizer(s, r, e) for s, r, e in zip(together, order_b, endings, strict=True)
     ]
@@ -212,7 +208,7 @@ async def test_steps_ending_in_one_commit_end_as_each_alone_would(
     async with orch.db.write() as session:
         assert await end_all(session, [f.item for f in finalizers]) == []
     if not orch.db.is_sqlite:
-        assert sql == ["WITH ended AS"] * 2, sql
+        assert [head for head, _ in sql] == ["WITH ended AS"] * 2, sql
     assert await _state(client, together, runs_b) == await _state(client, alone, runs_a)
     await _check_ended_rows(orch, together[2:], order_b[2:])  # each run's last end
     steps, accounts = cast(tuple[list[Any], list[Any]], await _state(client, together, runs_b))
@@ -255,9 +251,9 @@ async def test_a_step_ended_elsewhere_fails_alone_among_steps_ending_together(
     assert [a["tokens_out"] for a in accounts] == [0, 0, 0]
 
 
-def _writer_statements(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, bool]]:
-    """The event writer's statements from now on: their first words, and whether each
-    began a transaction."""
+def _statements(monkeypatch: pytest.MonkeyPatch, task: str | None = None) -> list[tuple[str, bool]]:
+    """The statements run on asyncpg from now on (by the task named ``task``, if given):
+    their first words, and whether each began a transaction."""
     import asyncio
 
     from orchestratord.db import prepared
@@ -266,8 +262,8 @@ def _writer_statements(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, bool]
     real = prepared.run_on_asyncpg
 
     async def traced(adapted: object, conn: object, text: str, *a: object, **kw: Any) -> object:
-        task = asyncio.current_task()
-        if task is not None and task.get_name() == "event-writer":
+        current = asyncio.current_task()
+        if task is None or (current is not None and current.get_name() == task):
             seen.append((" ".join(text.split()[:3]), bool(kw.get("begin"))))
         return await real(adapted, conn, text, *a, **kw)  # type: ignore[arg-type]
 
@@ -301,16 +297,11 @@ async def test_steps_ending_in_runs_taking_steps_end_in_the_statement_of_their_e
     their rows and runs' accounts as each end alone leaves them."""
     if orch.db.is_sqlite:
         pytest.skip("SQLite's commits are in-process: no round trip to save")
-    runs_a, order_a, alone = await _steps(client, _ONE_PER_RUN)
-    runs_b, order_b, together = await _steps(client, _ONE_PER_RUN)
-    await _running_again(orch, alone + together, 3)
-    endings = _endings(3)
-    for step_id, run_id, ending in zip(alone, order_a, endings, strict=True):
-        async with orch.db.write() as session:
-            await ending_finalizer(step_id, run_id, ending).run(session)
+    sets = await _two_sets_first_ended(orch, client, _ONE_PER_RUN)
+    (runs_a, _, alone), (runs_b, order_b, together), endings = sets
     other = await make_run(client)  # events in the same statement, no step ending
     other_before = await _run_row(orch, other)
-    statements = _writer_statements(monkeypatch)
+    statements = _statements(monkeypatch, "event-writer")
     narration = log_event(other, None, None, NarrationEvent(text="meanwhile"))
     assert await _end_through_writer(orch, together, order_b, endings, [narration]) == [1, 1, 1]
     assert statements == [("WITH locked AS", False)]
@@ -350,7 +341,7 @@ async def test_ends_that_cannot_go_with_their_events_are_made_in_a_transaction(
         pytest.skip("SQLite's commits are in-process: no round trip to save")
     runs, order, steps = await _steps(client, _ONE_PER_RUN)
     await _running_again(orch, steps[:2], 3)  # the third is not running
-    statements = _writer_statements(monkeypatch)
+    statements = _statements(monkeypatch, "event-writer")
     assert await _end_through_writer(orch, steps, order, _endings(3)) == [1, 1, 0]
     assert statements[0] == ("WITH locked AS", False)  # refused: nothing written
     assert ("WITH locked AS", True) in statements[1:]  # the general way, in a transaction
@@ -373,7 +364,7 @@ async def test_the_last_step_of_a_cancelling_run_ends_it_in_the_batchs_transacti
         await session.execute(
             sa.update(Run).where(Run.run_id == runs[0]).values(status="cancelling")
         )
-    statements = _writer_statements(monkeypatch)
+    statements = _statements(monkeypatch, "event-writer")
     assert await _end_through_writer(orch, steps, order, _endings(1)) == [1]
     if not orch.db.is_sqlite:
         assert statements[0] == ("WITH locked AS", False)  # refused: nothing written
