@@ -9,6 +9,7 @@ of the writer with steps ending is one round trip, with no transaction around it
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, NoReturn, cast
 
 import sqlalchemy as sa
@@ -181,9 +182,9 @@ _END_AND_SETTLE = Prepared(
 )
 
 
-# PostgreSQL: the ends of several running steps, each of its own run (``end_together``):
-# each row of ``unnest`` is one step's ``_ENDS_RUNNING`` parameters, and its run settles as
-# ``_END_AND_SETTLE`` settles it; a row per step that ended: its id, its run's status and end
+# PostgreSQL: the ends of several running steps, each of its own run (``end_together``,
+# ``_alongside``): each row of ``unnest`` is one step's ``_ENDS_RUNNING`` parameters; a row
+# per step that ended: its id and run, what it held and what it used
 _MANY_KEYS = (
     "m_step_id",
     "m_status",
@@ -206,63 +207,70 @@ _MANY_TYPES = (
     sa.Text,
     sa.String,
 )
-_NOW = sa.bindparam("b_now", type_=_STEPS.c.ended_at.type)
-_EACH = (
-    sa.func.unnest(
-        *(
-            sa.bindparam(key, type_=postgresql.ARRAY(t))
-            for key, t in zip(_MANY_KEYS, _MANY_TYPES, strict=True)
+
+
+def _ended_many(columns: Sequence[Any], now: Any, *also: Any) -> sa.Update:
+    """The steps of ``unnest(columns)`` that are running, ended at ``now`` (where ``also``)."""
+    each = (
+        sa.func.unnest(*columns)
+        .table_valued(*(key[2:] for key in _MANY_KEYS))
+        .render_derived(name="each")
+    )
+    return (
+        _STEPS.update()
+        .where(_STEPS.c.step_id == each.c.step_id, _STEPS.c.status == "running", *also)
+        .values(
+            status=each.c.status,
+            ended_at=now,
+            lease_owner=None,
+            lease_expires_at=None,
+            output=sa.cast(each.c.output, sa.JSON),
+            tokens_in=each.c.tokens_in,
+            tokens_out=each.c.tokens_out,
+            cost_usd=each.c.cost_usd,
+            provenance=sa.cast(each.c.provenance, sa.JSON),
+            error=sa.cast(each.c.error, sa.JSON),
+            replay_outcome=each.c.replay_outcome,
+        )
+        .returning(
+            _STEPS.c.step_id,
+            _STEPS.c.run_id,
+            _STEPS.c.tokens_in_reserved,
+            _STEPS.c.tokens_out_reserved,
+            _STEPS.c.cost_reserved_usd,
+            each.c.tokens_in.label("used_in"),
+            each.c.tokens_out.label("used_out"),
+            # (literals in the text: a RETURNING's are not bound inline for ``Alongside``)
+            sa.func.coalesce(each.c.cost_usd, sa.literal_column("0")).label("used_cost"),
+            sa.case(
+                (each.c.cost_usd.is_(None), sa.literal_column("1")), else_=sa.literal_column("0")
+            ).label("unpriced"),
         )
     )
-    .table_valued(*(key[2:] for key in _MANY_KEYS))
-    .render_derived(name="each")
-)
-_ENDED_MANY = (
-    _STEPS.update()
-    .where(_STEPS.c.step_id == _EACH.c.step_id, _STEPS.c.status == "running")
-    .values(
-        status=_EACH.c.status,
-        ended_at=_NOW,
-        lease_owner=None,
-        lease_expires_at=None,
-        output=sa.cast(_EACH.c.output, sa.JSON),
-        tokens_in=_EACH.c.tokens_in,
-        tokens_out=_EACH.c.tokens_out,
-        cost_usd=_EACH.c.cost_usd,
-        provenance=sa.cast(_EACH.c.provenance, sa.JSON),
-        error=sa.cast(_EACH.c.error, sa.JSON),
-        replay_outcome=_EACH.c.replay_outcome,
+
+
+def _settled_by(ended: Any, now: Any, zero: Callable[[Any], Any] = lambda c: c) -> dict[str, Any]:
+    """``ledger.settled`` for the step of ``ended`` (its held and used columns), each of
+    them through ``zero``."""
+    c = ended.c
+    used = Used(zero(c.used_in), zero(c.used_out), zero(c.used_cost), zero(c.unpriced), now)
+    return settled(
+        zero(c.tokens_in_reserved), zero(c.tokens_out_reserved), zero(c.cost_reserved_usd), used
     )
-    .returning(
-        _STEPS.c.step_id,
-        _STEPS.c.run_id,
-        _STEPS.c.tokens_in_reserved,
-        _STEPS.c.tokens_out_reserved,
-        _STEPS.c.cost_reserved_usd,
-        _EACH.c.tokens_in.label("used_in"),
-        _EACH.c.tokens_out.label("used_out"),
-        sa.func.coalesce(_EACH.c.cost_usd, 0.0).label("used_cost"),
-        sa.case((_EACH.c.cost_usd.is_(None), 1), else_=0).label("unpriced"),
-    )
-    .cte("ended")
-)
+
+
+_NOW = sa.bindparam("b_now", type_=_STEPS.c.ended_at.type)
+_ENDED_MANY = _ended_many(
+    [
+        sa.bindparam(key, type_=postgresql.ARRAY(t))
+        for key, t in zip(_MANY_KEYS, _MANY_TYPES, strict=True)
+    ],
+    _NOW,
+).cte("ended")
 _END_AND_SETTLE_MANY = Prepared(
     _RUNS.update()
     .where(_RUNS.c.run_id == _ENDED_MANY.c.run_id)
-    .values(
-        settled(
-            _ENDED_MANY.c.tokens_in_reserved,
-            _ENDED_MANY.c.tokens_out_reserved,
-            _ENDED_MANY.c.cost_reserved_usd,
-            Used(
-                _ENDED_MANY.c.used_in,
-                _ENDED_MANY.c.used_out,
-                _ENDED_MANY.c.used_cost,
-                _ENDED_MANY.c.unpriced,
-                _NOW,
-            ),
-        )
-    )
+    .values(_settled_by(_ENDED_MANY, _NOW))
     .returning(_ENDED_MANY.c.step_id, _RUNS.c.status, _RUNS.c.ended_at)
 )
 
@@ -320,13 +328,30 @@ _STEP_STATUS = Prepared(
 )
 
 
+_PG: Any = postgresql.dialect()  # type: ignore[no-untyped-call]
+
+
+def _fragment(clause: Any) -> str:
+    """A clause as SQL text for ``Alongside`` (its literals inline, its ``{p}`` kept)."""
+    return str(clause.compile(dialect=_PG, compile_kwargs={"literal_binds": True}))
+
+
 # PostgreSQL, in the event log's statement appending the terminal events (``Alongside``):
 # the steps locked (after their runs, as everywhere) and each found running in the run its
 # runner named, each run still running and among those whose events the statement appends
-# (``$1``), or nothing is written (``ok``); then
-# each step ends as ``_ENDS_RUNNING`` ends it, and its run settles as ``ledger.settled``
-# settles it, in the update that takes its run's cursors (a row is updated once per
-# statement); the runs without an end keep their account.
+# (``$1``), or nothing is written (``ok``); then each step ends as ``end_together`` ends it,
+# and its run settles as ``ledger.settled`` settles it, in the update that takes its run's
+# cursors (a row is updated once per statement); the runs without an end keep their
+# account. The parameters: ``_MANY_KEYS``' columns, the runs' ids, the time.
+_ALONGSIDE_NOW: sa.ColumnClause[Any] = sa.literal_column("{p10}::timestamptz")
+_ALONGSIDE_ENDED = _ended_many(
+    [  # ``{p}``, ``{p1}``, ... as ``_END_AND_SETTLE_MANY``'s arrays
+        sa.literal_column(f"{{p{i or ''}}}::{postgresql.ARRAY(t).compile(_PG)}")
+        for i, t in enumerate(_MANY_TYPES)
+    ],
+    _ALONGSIDE_NOW,
+    sa.literal_column("(SELECT ok FROM ok)"),
+)
 _ALONGSIDE_CTES = (
     " live AS MATERIALIZED (SELECT s.step_id FROM steps s"
     " JOIN unnest({p}::varchar[], {p9}::varchar[]) AS w(step_id, run_id)"
@@ -336,32 +361,16 @@ _ALONGSIDE_CTES = (
     " ok AS MATERIALIZED (SELECT count(*) = cardinality({p}::varchar[])"
     " AND {p9}::varchar[] <@ $1::varchar[] AND NOT EXISTS (SELECT FROM locked"
     " WHERE run_id = ANY({p9}::varchar[]) AND status <> 'running') AS ok FROM live),"
-    " ended AS (UPDATE steps SET status = each.status, ended_at = {p10}::timestamptz,"
-    " lease_owner = NULL, lease_expires_at = NULL, output = each.output::json,"
-    " tokens_in = each.tokens_in, tokens_out = each.tokens_out, cost_usd = each.cost_usd,"
-    " provenance = each.provenance::json, error = each.error::json,"
-    " replay_outcome = each.replay_outcome"
-    " FROM unnest({p}::varchar[], {p1}::varchar[], {p2}::text[], {p3}::bigint[],"
-    " {p4}::bigint[], {p5}::float8[], {p6}::text[], {p7}::text[], {p8}::varchar[])"
-    " AS each(step_id, status, output, tokens_in, tokens_out, cost_usd, provenance, error,"
-    " replay_outcome)"
-    " WHERE steps.step_id = each.step_id AND steps.status = 'running' AND (SELECT ok FROM ok)"
-    " RETURNING steps.run_id, steps.tokens_in_reserved AS held_in,"
-    " steps.tokens_out_reserved AS held_out, steps.cost_reserved_usd AS held_cost,"
-    " each.tokens_in AS used_in, each.tokens_out AS used_out,"
-    " coalesce(each.cost_usd, 0) AS used_cost,"
-    " CASE WHEN each.cost_usd IS NULL THEN 1 ELSE 0 END AS unpriced),"
+    f" ended AS ({_fragment(_ALONGSIDE_ENDED)}),"
 )
-_ALONGSIDE_SETS = (
-    ", tokens_in_used = runs.tokens_in_used + coalesce(d.used_in, 0)"
-    ", tokens_out_used = runs.tokens_out_used + coalesce(d.used_out, 0)"
-    ", cost_used_usd = runs.cost_used_usd + coalesce(d.used_cost, 0)"
-    ", unpriced_steps = runs.unpriced_steps + coalesce(d.unpriced, 0)"
-    ", tokens_in_reserved = runs.tokens_in_reserved - coalesce(d.held_in, 0)"
-    ", tokens_out_reserved = runs.tokens_out_reserved - coalesce(d.held_out, 0)"
-    ", cost_reserved_usd = runs.cost_reserved_usd - coalesce(d.held_cost, 0)"
-    ", updated_at = CASE WHEN d.run_id IS NULL THEN runs.updated_at"
-    " ELSE {p10}::timestamptz END"
+_D = sa.table("d", *(sa.column(c["name"]) for c in _ALONGSIDE_ENDED.returning_column_descriptions))
+_ALONGSIDE_SETS = "".join(
+    f", {column} = {_fragment(value)}"
+    for column, value in _settled_by(
+        _D,
+        sa.case((_D.c.run_id.is_(None), _RUNS.c.updated_at), else_=_ALONGSIDE_NOW),
+        lambda c: sa.func.coalesce(c, 0),
+    ).items()
 )
 
 
