@@ -5,7 +5,11 @@ kinds that run here: tool calls...), which takes ``control_slots`` steps at a ti
 
 Claims are atomic (``UPDATE ... WHERE status='queued'`` after ``SELECT ... FOR UPDATE SKIP
 LOCKED`` on PostgreSQL), so several processes can share one database without running a step
-twice. A claim leases the step to this process (``steps/leases.py``; the lease keeper in
+twice. On PostgreSQL a round first reads, in one statement with no transaction, which lanes
+have a step queued, and claims only there (a round of every lane finding nothing, as when
+steps start with their submission, is one round trip, not three per lane).
+
+A claim leases the step to this process (``steps/leases.py``; the lease keeper in
 ``reaper.py`` renews it). A replica never gets more concurrent requests than its slots.
 A cancel made through this process reaches its execution directly; one requested through
 another process is picked up by polling ``cancel_requested`` at most once per ``poll_s``
@@ -25,7 +29,7 @@ from orchestratord.eventlog import EventWriter
 from orchestratord.pools.registry import Pool, PoolRegistry, Replica
 from orchestratord.prices import PriceBook
 from orchestratord.steps.leases import LeaseTerms
-from orchestratord.steps.queries import cancel_requested_among, claim_queued
+from orchestratord.steps.queries import cancel_requested_among, claim_queued, queued_lanes
 from orchestratord.steps.running import ClaimedStep, Execution
 from orchestratord.steps.services import KindServices
 from orchestratord.steps.transition import transition
@@ -165,6 +169,8 @@ class Dispatcher:
         started = 0
         pools = list(self.pools.pools.values()) if self._pool_hint else []
         self._pool_hint = False
+        if not self.db.is_sqlite:
+            pools = await self._where_queued(pools)
         for pool in pools:
             waiting = True  # a full pool: steps may be queued behind it
             while (free := pool.free_slots) > 0:
@@ -202,6 +208,29 @@ class Dispatcher:
             self._backlog[pool.pool_id] = waiting
             self._looked[pool.pool_id] = asyncio.get_running_loop().time()
         return started + await self._dispatch_control()
+
+    async def _where_queued(self, pools: list[Pool]) -> list[Pool]:
+        """PostgreSQL: of the lanes a round would claim from (pools with a free slot, the
+        control plane's with its hint), those where a step is queued, in one read with no
+        transaction (a claim finding nothing costs BEGIN, the locking read and COMMIT); the
+        others are looked at, with nothing left queued. Full pools stay (nothing is claimed
+        there, but steps may wait behind them)."""
+        control = self._control_hint and self.control_slots > self._control_running
+        if not control and all(pool.free_slots <= 0 for pool in pools):
+            return pools
+        async with self.db.driver_write() as target:
+            lanes = await queued_lanes(target)
+        if None not in lanes:
+            self._control_hint = False
+        now = asyncio.get_running_loop().time()
+        kept = []
+        for pool in pools:
+            if pool.free_slots > 0 and pool.pool_id not in lanes:
+                self._backlog[pool.pool_id] = False
+                self._looked[pool.pool_id] = now
+            else:
+                kept.append(pool)
+        return kept
 
     # Steps started in their submission's transaction (``steps/submission.StartNow``).
 

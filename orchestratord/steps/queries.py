@@ -12,6 +12,7 @@ from orchestrator_core.budgets import Ledger
 from orchestrator_core.errors import Conflict, NotFound
 from orchestrator_core.lifecycle import StepStatus
 from orchestratord.db.models import Event, Run, Step
+from orchestratord.db.prepared import Prepared, Target
 
 # Statements on request paths are built once (bound parameters), not per call: building a
 # select costs more Python than SQLite takes to run it.
@@ -165,6 +166,17 @@ async def claim_queued(
         params["full"] = list(full_replicas)
     rows = (await session.execute(stmt, params)).all()
     return [(step, run) for step, run in rows]
+
+
+# the lanes where a step is queued: pools' ids, None for the control plane's
+_QUEUED_LANES = Prepared(
+    sa.select(Step.pool_id).where(Step.status == StepStatus.QUEUED.value).distinct()
+)
+
+
+async def queued_lanes(target: Target) -> set[str | None]:
+    """The lanes where a step is queued now (one read: on PostgreSQL no transaction)."""
+    return {row[0] for row in await _QUEUED_LANES.rows(target)}
 
 
 async def queued_counts(session: AsyncSession) -> dict[str, int]:

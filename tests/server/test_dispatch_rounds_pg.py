@@ -1,6 +1,7 @@
 """Claim rounds on PostgreSQL: other processes queue steps too, so a freed slot looks at the
-queue, but at most once per ``poll_s`` while the last look found it empty (an empty claim
-is a transaction of three round trips; a busy process would run one per step)."""
+queue, but at most once per ``poll_s`` while the last look found it empty (a busy process
+would look once per step). A look is one read with no transaction (which lanes have a step
+queued); a claim, a transaction of three round trips at least, runs only in those lanes."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from orchestratord import dispatcher
 from orchestratord.api.app import create_app
 from orchestratord.db.engine import Database
 from orchestratord.runtime import Orchestrator
-from orchestratord.steps.queries import claim_queued
+from orchestratord.steps.queries import claim_queued, queued_lanes
 from tests.conftest import TABLES, make_settings
 from tests.helpers import make_run, submit, wait_status
 
@@ -34,6 +35,19 @@ def rounds(monkeypatch: pytest.MonkeyPatch) -> list[str | None]:
         return await claim(session, pool_id=pool_id, **kw)
 
     monkeypatch.setattr(dispatcher, "claim_queued", counted)
+    return seen
+
+
+@pytest.fixture
+def looks(monkeypatch: pytest.MonkeyPatch) -> list[set[str | None]]:
+    """What each look at the queue found (the lanes with a step queued)."""
+    seen: list[set[str | None]] = []
+
+    async def counted(target: Any) -> set[str | None]:
+        seen.append(found := await queued_lanes(target))
+        return found
+
+    monkeypatch.setattr(dispatcher, "queued_lanes", counted)
     return seen
 
 
@@ -59,7 +73,9 @@ async def service(pg_url: str) -> AsyncIterator[tuple[Orchestrator, httpx.AsyncC
 
 
 async def test_steps_that_end_leave_no_claim_round_within_poll_s(
-    service: tuple[Orchestrator, httpx.AsyncClient], rounds: list[str | None]
+    service: tuple[Orchestrator, httpx.AsyncClient],
+    rounds: list[str | None],
+    looks: list[set[str | None]],
 ) -> None:
     orch, c = service
     run_id = await make_run(c)
@@ -67,23 +83,26 @@ async def test_steps_that_end_leave_no_claim_round_within_poll_s(
     await wait_status(c, step_id, "succeeded")
     await asyncio.sleep(0.1)
     rounds.clear()
+    looks.clear()
     for i in range(5):
         r = await submit(c, run_id, token=f"t{i}", max_tokens=2)
         assert r.json()["status"] == "running"  # started with its submission
         await wait_status(c, r.json()["step_id"], "succeeded")
     await asyncio.sleep(0.1)
     # the warm-up's round looked less than poll_s (60 s) ago and found the queue empty
-    assert [p for p in rounds if p is not None] == []
-    # once poll_s has passed, a freed slot looks again (another process may have queued)
+    assert (looks, [p for p in rounds if p is not None]) == ([], [])
+    # once poll_s has passed, a freed slot looks again (another process may have queued):
+    # it finds nothing queued, and claims nothing
     orch.dispatcher._looked["local"] -= 120.0
     r = await submit(c, run_id, token="late", max_tokens=2)
     await wait_status(c, r.json()["step_id"], "succeeded")
     for _ in range(100):
-        if [p for p in rounds if p is not None]:
+        if looks:
             break
         await asyncio.sleep(0.02)
     await asyncio.sleep(0.1)
-    assert [p for p in rounds if p is not None] == ["local"]
+    assert (looks, [p for p in rounds if p is not None]) == ([set()], [])
+    assert orch.dispatcher._looked["local"] > asyncio.get_running_loop().time() - 60.0
 
 
 async def test_a_busy_process_claims_a_step_another_process_queued(pg_url: str) -> None:
@@ -121,6 +140,42 @@ async def test_a_busy_process_claims_a_step_another_process_queued(pg_url: str) 
                 busy = False
                 await task
             assert step["status"] == "succeeded"
+    finally:
+        await b.stop()
+        await a.stop()
+        await _truncate(pg_url)
+
+
+async def test_a_round_claims_only_in_lanes_where_a_step_is_queued(
+    pg_url: str, rounds: list[str | None], looks: list[set[str | None]]
+) -> None:
+    """A round of every lane (as after a wake of them all) looks first: a step another
+    process queued in the pool is claimed there; the control plane's lane, with nothing
+    queued, runs no claim transaction."""
+    await _truncate(pg_url)
+    settings = {"dispatch": {"poll_s": 60.0}, "health_interval_s": 3600.0}
+    a = Orchestrator(make_settings(pg_url, **settings))
+    b = Orchestrator(make_settings(pg_url, **settings))
+    await a.start()
+    await b.start()
+    try:
+        ta = httpx.ASGITransport(app=create_app(orchestrator=a))
+        tb = httpx.ASGITransport(app=create_app(orchestrator=b))
+        async with (
+            httpx.AsyncClient(transport=ta, base_url="http://a") as ca,
+            httpx.AsyncClient(transport=tb, base_url="http://b") as cb,
+        ):
+            run_id = await make_run(ca)
+            b.dispatcher.pause()
+            queued = (await submit(cb, run_id, token="from-b", max_tokens=2)).json()
+            assert queued["status"] == "queued"
+            rounds.clear()
+            looks.clear()
+            a.dispatcher.wake_all()
+            step = await wait_status(ca, queued["step_id"], "succeeded")
+            assert step["status"] == "succeeded"
+            assert looks[0] == {"local"}, looks
+            assert rounds[0] == "local" and None not in rounds, rounds
     finally:
         await b.stop()
         await a.stop()
