@@ -201,9 +201,14 @@ class Settings(BaseSettings):
         default="llama", description="Engine of the one local pool when no pools file is given"
     )
     pools_file: Path | None = Field(default=None, description="YAML file of pools")
-    db_pool_size: int = Field(default=10, ge=1, description="PostgreSQL connections kept open")
-    db_max_overflow: int = Field(
+    db_pool_size: int = Field(
         default=20,
+        ge=1,
+        description="PostgreSQL connections kept open; half of them hold the write transactions "
+        "of the hot paths, as many at once",
+    )
+    db_max_overflow: int = Field(
+        default=10,
         ge=0,
         description="Extra PostgreSQL connections under load; keep (size + overflow) x processes "
         "below the server's max_connections",
