@@ -9,8 +9,10 @@ by another process never reach this hub: a wake-up from that process (PostgreSQL
 A step run by this process is *held* from before its first event commits, so its channel is
 ``whole``: its tail starts at the step's first event, and a follower that opens it reads
 nothing from the database while the tail serves its cursor. After the step ends its channel
-is kept a while (the last ``retain_steps`` ended steps, each while its tail is short), for
-the client that submits a step and opens its stream once it has already ended. A step
+is kept a while (the last ``retain_steps`` ended steps, holding ``retain_events`` events in
+all), for the client that submits a step and opens its stream once it has already ended: a
+burst's last clients open theirs after their steps' hundreds of tokens, and a read of the
+log then would cost them round trips to the database at the worst time. A step
 submitted here is expected the same way before its submission commits, so a stream opened
 while it waits in the queue is whole too.
 """
@@ -148,13 +150,15 @@ def _run_cursor(ev: LogEvent) -> int:
 
 class Hub:
     def __init__(
-        self, *, buffer_events: int = 4096, retain_steps: int = 1024, retain_events: int = 64
+        self, *, buffer_events: int = 4096, retain_steps: int = 1024, retain_events: int = 65536
     ) -> None:
         self._buffer = buffer_events
         self._steps: dict[str, Channel] = {}
         self._runs: dict[str, Channel] = {}
-        # ended steps' whole channels, oldest first: kept while they hold few events
-        self._retained: OrderedDict[str, Channel] = OrderedDict()
+        # ended steps' whole channels, oldest first, with the events each held when kept:
+        # at most ``retain_steps`` of them, holding at most ``retain_events`` in all
+        self._retained: OrderedDict[str, tuple[Channel, int]] = OrderedDict()
+        self._retained_events = 0
         self._retain_steps = retain_steps
         self._retain_events = retain_events
         self._followers = {"step": 0, "run": 0}
@@ -198,7 +202,7 @@ class Hub:
         """The execution of a step opens its channel before its first event commits
         (``whole``: the step's log is empty; a step run again after its process was lost
         has events this process never published)."""
-        self._retained.pop(step_id, None)
+        self._unretain(step_id)
         chan = self._steps.get(step_id)
         if chan is None:
             chan = self._open(self._steps, step_id, _step_cursor)
@@ -226,25 +230,36 @@ class Hub:
         chan = self._steps.get(step_id)
         if chan is not None and not chan.held and chan.refs <= 0:
             del self._steps[step_id]
-            self._retained.pop(step_id, None)
+            self._unretain(step_id)
 
     def _retain(self, step_id: str, chan: Channel) -> None:
-        self._retained[step_id] = chan
-        while len(self._retained) > self._retain_steps:
-            old_id, old = self._retained.popitem(last=False)
+        self._unretain(step_id)
+        self._retained[step_id] = (chan, chan.size)
+        self._retained_events += chan.size
+        while (
+            len(self._retained) > self._retain_steps or self._retained_events > self._retain_events
+        ):
+            old_id, (old, size) = self._retained.popitem(last=False)
+            self._retained_events -= size
             if old.refs <= 0 and not old.held:
                 del self._steps[old_id]
 
+    def _unretain(self, step_id: str) -> None:
+        kept = self._retained.pop(step_id, None)
+        if kept is not None:
+            self._retained_events -= kept[1]
+
     def release_step(self, step_id: str, *, keep: bool = True) -> None:
         """The execution is over: the channel stays while followed, and afterwards among the
-        retained ended steps if it is whole and short (``keep``: it ended here)."""
+        retained ended steps if it is whole (``keep``: it ended here) and its tail still
+        holds the step's first event."""
         chan = self._steps.get(step_id)
         if chan is None or not chan.held:
             return
         chan.held = False
         if not keep:  # let go (another process goes on with it): the log may outgrow the tail
             chan.whole = False
-        if chan.whole and chan.size <= self._retain_events:
+        if chan.whole and chan.size < self._buffer and chan.size <= self._retain_events:
             self._retain(step_id, chan)
         elif chan.refs <= 0:
             del self._steps[step_id]

@@ -72,6 +72,20 @@ async def test_an_ended_step_streams_from_memory_and_a_resume_past_its_end_ends(
     assert reads.seen == []
 
 
+async def test_a_long_step_that_ended_before_its_stream_opened_streams_from_memory(
+    orch: Orchestrator, live: httpx.AsyncClient, reads: Reads
+) -> None:
+    """As a burst's last client opens its stream after its step's 200 tokens: served from
+    memory like a short one (the log read is round trips to PostgreSQL at the worst time)."""
+    run_id = await make_run(live)
+    step_id = (await submit(live, run_id, max_tokens=200)).json()["step_id"]
+    await wait_status(live, step_id, "succeeded")
+    events = await read_stream(live, f"/v1/steps/{step_id}/stream")
+    assert [e.event for e in events] == ["started", *["token"] * 200, "end"]
+    assert [e.id for e in events] == [str(i) for i in range(202)]
+    assert reads.seen == []
+
+
 async def test_a_step_the_hub_no_longer_holds_is_read_from_the_log(
     orch: Orchestrator, live: httpx.AsyncClient, reads: Reads
 ) -> None:
@@ -119,25 +133,44 @@ def test_a_channel_followed_before_its_step_ran_is_whole_only_if_nothing_reached
     assert not hub.hold_step("b", cancel_on_disconnect=False, whole=True).whole
 
 
+def _ended(hub: Hub, step_id: str, events: int) -> None:
+    hub.hold_step(step_id, cancel_on_disconnect=False, whole=True)
+    hub.publish([_ev(step_id, i) for i in range(events - 1)] + [_ev(step_id, events - 1, "end")])
+    hub.release_step(step_id)
+
+
+def _known(hub: Hub, *step_ids: str) -> list[str]:
+    return [s for s in step_ids if hub.known_step(s)]
+
+
 def test_ended_channels_are_retained_within_bounds() -> None:
-    hub = Hub(retain_steps=3, retain_events=4)
-    for i in range(5):
-        sid = f"s{i}"
-        hub.hold_step(sid, cancel_on_disconnect=False, whole=True)
-        hub.publish([_ev(sid, 0, "started"), _ev(sid, 1, "end")])
-        hub.release_step(sid)
-    assert [s for s in ("s0", "s1", "s2", "s3", "s4") if hub.known_step(s)] == ["s2", "s3", "s4"]
-    chan = hub.known_step("s4")
+    steps = ("s0", "s1", "s2", "s3", "s4")
+    by_count = Hub(retain_steps=3, retain_events=100)  # the last 3 ended steps
+    for sid in steps:
+        _ended(by_count, sid, 2)
+    assert _known(by_count, *steps) == ["s2", "s3", "s4"]
+    chan = by_count.known_step("s4")
     assert chan is not None and chan.ended_before(2) and not chan.ended_before(1)
-    # a long step's channel is not kept after it ends
-    hub.hold_step("long", cancel_on_disconnect=False, whole=True)
-    hub.publish([_ev("long", i) for i in range(5)])
-    hub.release_step("long")
-    assert hub.known_step("long") is None
+    by_events = Hub(retain_steps=10, retain_events=5)  # the last ones holding 5 events in all
+    for sid in steps:
+        _ended(by_events, sid, 2)
+    assert _known(by_events, *steps) == ["s3", "s4"]
+    # a step holding more than the whole budget is not kept, and evicts nothing
+    _ended(by_events, "long", 6)
+    assert _known(by_events, "long", "s3", "s4") == ["s3", "s4"]
+    # a step held again leaves the budget: its events no longer count
+    by_events.hold_step("s3", cancel_on_disconnect=False, whole=True)
+    _ended(by_events, "s5", 3)
+    assert _known(by_events, "s4", "s5") == ["s4", "s5"]
+    # a step longer than a channel's tail (its first events dropped) is not kept
+    short_tail = Hub(buffer_events=8)
+    _ended(short_tail, "over", 9)
+    _ended(short_tail, "fits", 7)
+    assert _known(short_tail, "over", "fits") == ["fits"]
     # a step let go (another process goes on with it) is not kept either
-    hub.hold_step("gone", cancel_on_disconnect=False, whole=True)
-    hub.release_step("gone", keep=False)
-    assert hub.known_step("gone") is None
+    by_events.hold_step("gone", cancel_on_disconnect=False, whole=True)
+    by_events.release_step("gone", keep=False)
+    assert by_events.known_step("gone") is None
 
 
 def test_a_retained_channel_followed_when_evicted_lives_while_followed() -> None:
