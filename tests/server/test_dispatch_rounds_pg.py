@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
@@ -105,55 +106,14 @@ async def test_steps_that_end_leave_no_claim_round_within_poll_s(
     assert orch.dispatcher._looked["local"] > asyncio.get_running_loop().time() - 60.0
 
 
-async def test_a_busy_process_claims_a_step_another_process_queued(pg_url: str) -> None:
-    """Process B drains (queues what it is given); A keeps running steps of its own, so its
-    dispatcher is kept awake; B's step is still claimed by A within a few polls."""
+@asynccontextmanager
+async def _step_queued_by_another_process(
+    pg_url: str, poll_s: float
+) -> AsyncIterator[tuple[Orchestrator, httpx.AsyncClient, str, dict[str, Any]]]:
+    """Processes A and B on one database; B drains (queues what it is given) and has queued a
+    step of a run: A, its client, the run and the step as B answered."""
     await _truncate(pg_url)
-    a = Orchestrator(make_settings(pg_url, dispatch={"poll_s": 0.2}, health_interval_s=3600.0))
-    b = Orchestrator(make_settings(pg_url, dispatch={"poll_s": 0.2}, health_interval_s=3600.0))
-    await a.start()
-    await b.start()
-    try:
-        ta = httpx.ASGITransport(app=create_app(orchestrator=a))
-        tb = httpx.ASGITransport(app=create_app(orchestrator=b))
-        async with (
-            httpx.AsyncClient(transport=ta, base_url="http://a") as ca,
-            httpx.AsyncClient(transport=tb, base_url="http://b") as cb,
-        ):
-            run_id = await make_run(ca)
-            b.dispatcher.pause()
-            queued = (await submit(cb, run_id, token="from-b", max_tokens=2)).json()
-            assert queued["status"] == "queued"
-            busy = True
-
-            async def keep_busy() -> None:
-                i = 0
-                while busy:
-                    r = await submit(ca, run_id, token=f"a{i}", max_tokens=2)
-                    await wait_status(ca, r.json()["step_id"], "succeeded")
-                    i += 1
-
-            task = asyncio.create_task(keep_busy())
-            try:
-                step = await wait_status(ca, queued["step_id"], "succeeded")
-            finally:
-                busy = False
-                await task
-            assert step["status"] == "succeeded"
-    finally:
-        await b.stop()
-        await a.stop()
-        await _truncate(pg_url)
-
-
-async def test_a_round_claims_only_in_lanes_where_a_step_is_queued(
-    pg_url: str, rounds: list[str | None], looks: list[set[str | None]]
-) -> None:
-    """A round of every lane (as after a wake of them all) looks first: a step another
-    process queued in the pool is claimed there; the control plane's lane, with nothing
-    queued, runs no claim transaction."""
-    await _truncate(pg_url)
-    settings = {"dispatch": {"poll_s": 60.0}, "health_interval_s": 3600.0}
+    settings = {"dispatch": {"poll_s": poll_s}, "health_interval_s": 3600.0}
     a = Orchestrator(make_settings(pg_url, **settings))
     b = Orchestrator(make_settings(pg_url, **settings))
     await a.start()
@@ -169,14 +129,46 @@ async def test_a_round_claims_only_in_lanes_where_a_step_is_queued(
             b.dispatcher.pause()
             queued = (await submit(cb, run_id, token="from-b", max_tokens=2)).json()
             assert queued["status"] == "queued"
-            rounds.clear()
-            looks.clear()
-            a.dispatcher.wake_all()
-            step = await wait_status(ca, queued["step_id"], "succeeded")
-            assert step["status"] == "succeeded"
-            assert looks[0] == {"local"}, looks
-            assert rounds[0] == "local" and None not in rounds, rounds
+            yield a, ca, run_id, queued
     finally:
         await b.stop()
         await a.stop()
         await _truncate(pg_url)
+
+
+async def test_a_busy_process_claims_a_step_another_process_queued(pg_url: str) -> None:
+    """A keeps running steps of its own, so its dispatcher is kept awake; B's step is still
+    claimed by A within a few polls."""
+    async with _step_queued_by_another_process(pg_url, 0.2) as (_, ca, run_id, queued):
+        busy = True
+
+        async def keep_busy() -> None:
+            i = 0
+            while busy:
+                r = await submit(ca, run_id, token=f"a{i}", max_tokens=2)
+                await wait_status(ca, r.json()["step_id"], "succeeded")
+                i += 1
+
+        task = asyncio.create_task(keep_busy())
+        try:
+            step = await wait_status(ca, queued["step_id"], "succeeded")
+        finally:
+            busy = False
+            await task
+        assert step["status"] == "succeeded"
+
+
+async def test_a_round_claims_only_in_lanes_where_a_step_is_queued(
+    pg_url: str, rounds: list[str | None], looks: list[set[str | None]]
+) -> None:
+    """A round of every lane (as after a wake of them all) looks first: a step another
+    process queued in the pool is claimed there; the control plane's lane, with nothing
+    queued, runs no claim transaction."""
+    async with _step_queued_by_another_process(pg_url, 60.0) as (a, ca, _, queued):
+        rounds.clear()
+        looks.clear()
+        a.dispatcher.wake_all()
+        step = await wait_status(ca, queued["step_id"], "succeeded")
+        assert step["status"] == "succeeded"
+        assert looks[0] == {"local"}, looks
+        assert rounds[0] == "local" and None not in rounds, rounds
