@@ -51,6 +51,20 @@ def _figures(rows: list[dict[str, float]], beside: list[float]) -> dict[str, Any
         "server_cpu_ms": 1000 * statistics.median(r["cpu_s"] for r in rows),
         "postgres_cpu_ms": 1000 * statistics.median(r["postgres_cpu_s"] for r in rows),
         "server_switched_out": statistics.median(r["server_preemptions"] for r in rows),
+        "client_cpu_ms": 1000 * statistics.median(r["client_cpu_s"] for r in rows),
+        # from the burst's start to its p99 first token: the machine's busy cores (of 2) and
+        # the client's CPU in that window
+        **_window(rows),
+    }
+
+
+def _window(rows: list[dict[str, float]]) -> dict[str, float]:
+    if not all("busy_cores_to_p99" in r for r in rows):
+        return {}
+    return {
+        "busy_cores_to_p99": statistics.median(r["busy_cores_to_p99"] for r in rows),
+        "client_cpu_ms_to_p99": statistics.median(r["client_cpu_ms_to_p99"] for r in rows),
+        "server_cpu_ms_to_p99": statistics.median(r["server_cpu_ms_to_p99"] for r in rows),
     }
 
 
@@ -66,12 +80,17 @@ async def bursts(a: argparse.Namespace, urls: list[str], upstream: str, tmp: Pat
         for target, _ in sides:
             await latency.concurrent(target, a.streams, a.tokens)  # warm: the runs read once
         rows: list[list[dict[str, float]]] = [[] for _ in sides]
-        beside: list[float] = []
+        direct_rows: list[dict[str, float]] = []
         for _ in range(a.rounds):
             for i, (target, _) in enumerate(sides):
                 rows[i].append(await latency.concurrent(target, a.streams, a.tokens))
-            beside.append((await latency.concurrent(direct, a.streams, a.tokens))["ttft_p99_ms"])
+            direct_rows.append(await latency.concurrent(direct, a.streams, a.tokens))
+        beside = [r["ttft_p99_ms"] for r in direct_rows]
         out: dict[str, Any] = {"direct_p99_ms": beside}
+        out.update({f"direct: {k}": v for k, v in _window(direct_rows).items()})
+        out["direct: client_cpu_ms"] = 1000 * statistics.median(
+            r["client_cpu_s"] for r in direct_rows
+        )
         for (target, _), side_rows in zip(sides, rows, strict=True):
             figures = _figures(side_rows, beside)
             if len(sides) == 1:

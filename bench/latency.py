@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import resource
@@ -182,15 +183,69 @@ async def idle_ttft(t: Target, n: int) -> dict[str, float]:
     return {"p50_ms": statistics.median(ttfts), "p99_ms": pct(ttfts, 99)}
 
 
+class BusyTimeline:
+    """The machine's busy CPU seconds (``/proc/stat``) and this process's own, sampled every
+    few milliseconds while a burst runs: how busy the cores were up to a given moment of it
+    (the kernel counts them per tick, 10 ms: a window of 100 ms is read within about 10%)."""
+
+    def __init__(self, servers: Sequence[Server] = (), every_s: float = 0.004) -> None:
+        self.every_s = every_s
+        self.servers = servers
+        # (perf_counter, busy, own CPU, the servers' CPU)
+        self.samples: list[tuple[float, float, float, float]] = []
+        self._task: asyncio.Task[None] | None = None
+
+    def _sample(self) -> None:
+        busy = machine_busy_s()
+        if busy is not None:
+            served = sum(s.cpu_s() or 0.0 for s in self.servers)
+            self.samples.append((time.perf_counter(), busy, time.process_time(), served))
+
+    async def _run(self) -> None:
+        while True:
+            self._sample()
+            await asyncio.sleep(self.every_s)
+
+    def __enter__(self) -> BusyTimeline:
+        self._task = asyncio.get_running_loop().create_task(self._run())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._task is not None:
+            self._task.cancel()
+        self._sample()
+
+    def _at(self, t: float, k: int) -> float:
+        """Field ``k`` of the samples at time ``t``, linear between the two around it."""
+        s = self.samples
+        for (ta, *a), (tb, *b) in itertools.pairwise(s):
+            if ta <= t <= tb:
+                return a[k - 1] + (b[k - 1] - a[k - 1]) * ((t - ta) / (tb - ta) if tb > ta else 0)
+        return s[-1][k] if t > s[-1][0] else s[0][k]
+
+    def window(self, t0: float, t1: float) -> dict[str, float]:
+        """Between ``t0`` and ``t1``: the machine's busy cores, and this process's (the
+        client's) and the servers' CPU in milliseconds."""
+        if len(self.samples) < 2 or t1 <= t0:
+            return {}
+        return {
+            "busy_cores": (self._at(t1, 1) - self._at(t0, 1)) / (t1 - t0),
+            "client_cpu_ms": 1000 * (self._at(t1, 2) - self._at(t0, 2)),
+            "server_cpu_ms": 1000 * (self._at(t1, 3) - self._at(t0, 3)),
+        }
+
+
 async def concurrent(t: Target, streams: int, tokens: int) -> dict[str, float]:
     clients = [new_client() for _ in range(streams)]
     try:
         await asyncio.gather(*(t.stream(c, i, 4) for i, c in enumerate(clients)))  # warm
         cpu0, t0, busy0 = t.cpu(), time.perf_counter(), machine_busy_s()
-        pg0, switched0 = postgres_cpu_s(), t.preemptions()
-        out = await asyncio.gather(*(t.stream(c, i, tokens) for i, c in enumerate(clients)))
+        pg0, switched0, mine0 = postgres_cpu_s(), t.preemptions(), time.process_time()
+        with BusyTimeline(t.servers) as timeline:
+            out = await asyncio.gather(*(t.stream(c, i, tokens) for i, c in enumerate(clients)))
         wall, cpu, busy1 = time.perf_counter() - t0, t.cpu() - cpu0, machine_busy_s()
         pg, switched = postgres_cpu_s() - pg0, t.preemptions() - switched0
+        mine = time.process_time() - mine0
     finally:
         for c in clients:
             await c.aclose()
@@ -209,9 +264,16 @@ async def concurrent(t: Target, streams: int, tokens: int) -> dict[str, float]:
         # and how often the servers were switched out while they could run
         "postgres_cpu_s": pg,
         "server_preemptions": switched,
+        "client_cpu_s": mine,  # this process: the 50 clients (and the sampler)
     }
     if busy0 is not None and busy1 is not None:  # the machine's busy cores meanwhile
         row["machine_busy_cores"] = (busy1 - busy0) / wall
+    # up to the p99 first token: what the row measures waited on the cores meanwhile
+    to_p99 = timeline.window(t0, t0 + row["ttft_p99_ms"] / 1000)
+    if to_p99:
+        row["busy_cores_to_p99"] = to_p99["busy_cores"]
+        row["client_cpu_ms_to_p99"] = to_p99["client_cpu_ms"]
+        row["server_cpu_ms_to_p99"] = to_p99["server_cpu_ms"]
     return row
 
 
@@ -255,6 +317,10 @@ _LOADED = (
     "machine_busy_cores",
     "postgres_cpu_s",
     "server_preemptions",
+    "client_cpu_s",
+    "busy_cores_to_p99",
+    "client_cpu_ms_to_p99",
+    "server_cpu_ms_to_p99",
 )
 
 
@@ -550,12 +616,23 @@ def report(out: dict[str, Any]) -> str:
                 )
     for name, r in out.items():
         loaded = r.get("ttft_loaded") if isinstance(r, dict) else None
-        if loaded and "postgres_cpu_s" in loaded and name != "direct":
-            lines.append(
-                f"\n{name}, loaded row (one burst): server CPU {1000 * loaded['cpu_s']:.0f} ms,"
-                f" PostgreSQL's processes {1000 * loaded['postgres_cpu_s']:.0f} ms, the server"
-                f" switched out {loaded['server_preemptions']:.0f} times"
-            )
+        if not loaded or "postgres_cpu_s" not in loaded:
+            continue
+        # up to the p99 first token: how busy the machine was, and with whom
+        window = (
+            f"up to the p99 first token {loaded.get('busy_cores_to_p99', 0):.2f} of the"
+            f" machine's cores busy, the client's CPU {loaded.get('client_cpu_ms_to_p99', 0):.0f}"
+            " ms"
+        )
+        if name == "direct":
+            lines.append(f"\ndirect, loaded row (one burst): {window}")
+            continue
+        lines.append(
+            f"\n{name}, loaded row (one burst): server CPU {1000 * loaded['cpu_s']:.0f} ms,"
+            f" PostgreSQL's processes {1000 * loaded['postgres_cpu_s']:.0f} ms, the server"
+            f" switched out {loaded['server_preemptions']:.0f} times; {window}, the server's"
+            f" {loaded.get('server_cpu_ms_to_p99', 0):.0f} ms"
+        )
     for name, r in out.items():
         if name.startswith("idle "):
             lines.append(
