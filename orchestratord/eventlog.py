@@ -485,6 +485,44 @@ async def _finalize(target: Target, finalizers: list[Finalizer]) -> list[LogEven
     return events
 
 
+async def _as_committed(db: Database, batch: _Batch) -> list[LogEvent]:
+    """A batch found committed: its events with the run cursors they were stored at (each
+    run's part of it took consecutive cursors, in ``_insert``'s order, then its finalizers'
+    events: a ``run_end``), in the order ``_insert`` returns them."""
+    per_run: dict[str, list[LogEvent]] = defaultdict(list)
+    for ev in batch.events:
+        per_run[ev.run_id].append(ev)
+    ended = {ev.run_id for ev in batch.events if ev.terminal}
+    out: list[LogEvent] = []
+    for run_id in sorted(per_run):
+        part = _by_step(per_run[run_id])
+        # every event the writer is handed is a step's (``StepLog``)
+        k, probe = next((k, ev) for k, ev in enumerate(part) if ev.step_id is not None)
+        stored = await _stored_at(db, probe)
+        if stored is None:
+            raise EventLogError(f"event {probe.seq} of step {probe.step_id} is not in the log")
+        base = stored - k
+        out.extend(
+            LogEvent(ev.run_id, ev.step_id, ev.seq, ev.type, ev.data, base + i)
+            for i, ev in enumerate(part)
+        )
+        if run_id in ended and batch.finalizers:  # what its finalizers appended after it
+            top = base + len(part)
+            after = await read_run_events(db, run_id, top, 1)
+            out.extend(ev for ev in after if ev.run_seq == top and ev.type == RUN_END)
+    return out
+
+
+async def _stored_at(db: Database, ev: LogEvent) -> int | None:
+    """The run cursor the log holds this step event at, if it holds it (the same bytes)."""
+    if ev.step_id is None or ev.seq is None:
+        return None
+    found = await read_step_events(db, ev.step_id, ev.seq, 1)
+    if not found or found[0].seq != ev.seq or found[0].data != ev.data:
+        return None
+    return found[0].run_seq
+
+
 class EventLogError(RuntimeError):
     """Events of this step could not be written; its log must not go on past the gap."""
 
@@ -591,9 +629,11 @@ class EventWriter:
 
     async def _commit(self, batch: _Batch) -> None:
         began = time.perf_counter()
+        unsure = False  # an attempt failed where it may have committed
         for attempt in range(self._retries + 1):
             try:
-                committed = await self._transaction(batch)
+                found = await self._found_committed(batch) if unsure else None
+                committed = found if found is not None else await self._transaction(batch)
                 break
             except (sa.exc.IntegrityError, sa.exc.DataError, Conflict, NotFound) as exc:
                 # what one step queued cannot be written, or its end cannot be made (it was
@@ -611,6 +651,8 @@ class EventWriter:
                     log.exception("event log commit failed; %d events lost", len(batch.events))
                     self._poison(batch, exc)
                     return
+                # a lost connection says nothing of whether the commit reached the database
+                unsure = True
                 await asyncio.sleep(0.05 * 2**attempt)
         self.commits += 1
         if self._observe is not None:
@@ -619,6 +661,18 @@ class EventWriter:
         for _, fut in batch.waiters:
             if not fut.done():
                 fut.set_result(None)
+
+    async def _found_committed(self, batch: _Batch) -> list[LogEvent] | None:
+        """After an attempt that failed where it may have committed (the connection was
+        lost before the commit's acknowledgement): the batch's events as the log holds them,
+        if it did commit; else None (write it again). A batch commits whole, so one of its
+        step events, stored at its seq with the same bytes, tells. A batch with no step
+        event cannot tell: it is written again."""
+        probe = next((ev for ev in batch.events if ev.step_id is not None), None)
+        if probe is None or await _stored_at(self.db, probe) is None:
+            return None
+        log.warning("event log commit of %d events found committed on retry", len(batch.events))
+        return await _as_committed(self.db, batch)
 
     async def _transaction(self, batch: _Batch) -> list[LogEvent]:
         """The batch in one transaction; the events committed."""
