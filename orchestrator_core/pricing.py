@@ -334,12 +334,20 @@ def _parse_entry(raw: Any, index: int, engines: Collection[str] | None) -> Price
     return PriceEntry(engine=engine, model=model, price=price)
 
 
+_FOUND_MAX = 1024
+
+
 @dataclass(frozen=True)
 class PriceTable:
     version: str
     unpriced: UnpricedPolicy
     entries: tuple[PriceEntry, ...]
     source: str = field(default="", compare=False)
+    # (engine, model) -> the first entry matching, or None: a table never changes, and every
+    # submission looks its model up (a glob per entry)
+    _found: dict[tuple[str, str], PriceEntry | None] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     @classmethod
     def from_dict(
@@ -407,7 +415,15 @@ class PriceTable:
 
     def entry_for(self, engine: str, model: str) -> PriceEntry | None:
         """The first entry matching ``engine`` exactly and ``model`` by glob, if any."""
-        return next((e for e in self.entries if e.matches(engine, model)), None)
+        key = (engine, model)
+        try:
+            return self._found[key]
+        except KeyError:
+            pass
+        entry = next((e for e in self.entries if e.matches(engine, model)), None)
+        if len(self._found) < _FOUND_MAX:  # models named by clients: bounded
+            self._found[key] = entry
+        return entry
 
     def price_for(self, engine: str, model: str) -> Price:
         """The price of ``model`` on engine kind ``engine``.
