@@ -44,6 +44,31 @@ async def submit(
     )
 
 
+SLEEP_TOOL = {
+    "name": "sleep",
+    "description": "waits",
+    "parameters": {"type": "object"},
+    "executor": {"kind": "builtin", "name": "sleep"},
+}
+
+
+async def sleeping_step(client: httpx.AsyncClient) -> tuple[str, str]:
+    """(run id, step id) of a new run's ``tool_call`` step that sleeps 30 s, once running."""
+    run_id = await make_run(client, await make_flow(client, tools=[SLEEP_TOOL]))
+    r = await client.post(
+        f"/v1/runs/{run_id}/steps",
+        json={
+            "type": "tool_call",
+            "client_token": "a",
+            "input": {"tool": "sleep", "args": {"ms": 30000}},
+        },
+    )
+    assert r.status_code in (200, 202), r.text
+    step_id: str = r.json()["step_id"]
+    await wait_status(client, step_id, "running")
+    return run_id, step_id
+
+
 @dataclass
 class SseEvent:
     id: str | None

@@ -5,7 +5,14 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tests.helpers import make_flow, make_run, read_run_stream, submit, wait_status
+from tests.helpers import (
+    make_flow,
+    make_run,
+    read_run_stream,
+    sleeping_step,
+    submit,
+    wait_status,
+)
 
 
 async def test_complete_ends_the_run_and_refuses_more_work(live: httpx.AsyncClient) -> None:
@@ -44,26 +51,8 @@ async def test_complete_ends_the_run_and_refuses_more_work(live: httpx.AsyncClie
     assert resumed.status_code == 200 and "event:" not in resumed.text
 
 
-SLEEP = {
-    "name": "sleep",
-    "description": "waits",
-    "parameters": {"type": "object"},
-    "executor": {"kind": "builtin", "name": "sleep"},
-}
-
-
 async def test_run_end_follows_the_last_step(live: httpx.AsyncClient) -> None:
-    run_id = await make_run(live, await make_flow(live, tools=[SLEEP]))
-    r = await live.post(
-        f"/v1/runs/{run_id}/steps",
-        json={
-            "type": "tool_call",
-            "client_token": "a",
-            "input": {"tool": "sleep", "args": {"ms": 30000}},
-        },
-    )
-    step_id = r.json()["step_id"]
-    await wait_status(live, step_id, "running")
+    run_id, step_id = await sleeping_step(live)
     r = await live.post(f"/v1/runs/{run_id}/complete", json={"status": "failed"})
     assert r.json()["status"] == "failed" and r.json()["ended_at"] is None  # a step is live
     await live.post(f"/v1/steps/{step_id}/cancel")

@@ -16,11 +16,11 @@ import pytest
 from orchestratord.eventlog import EventWriter
 from orchestratord.runtime import Orchestrator
 from tests.helpers import (
-    make_flow,
     make_run,
     parse_sse,
     read_run_stream,
     read_stream,
+    sleeping_step,
     stored_events,
     submit,
     wait_status,
@@ -112,14 +112,6 @@ async def test_a_round_whose_connection_was_lost_is_in_the_log_once(
     assert _handed_on(caplog, run_id) == [(ev.run_seq, ev.type) for ev in in_run]
 
 
-SLEEP = {
-    "name": "sleep",
-    "description": "sleeps",
-    "parameters": {"type": "object"},
-    "executor": {"kind": "builtin", "name": "sleep"},
-}
-
-
 async def _follow_run(client: httpx.AsyncClient, run_id: str, following: asyncio.Event) -> Any:
     """The run's stream to its ``run_end``; ``following`` set at its first event."""
     got: list[Any] = []
@@ -146,17 +138,7 @@ async def test_a_lost_round_that_ended_its_run_hands_on_the_run_end(
     and the ``run_end`` once each, at their stored cursors."""
     caplog.set_level(logging.DEBUG, logger="orchestratord.events")
     lost = _lose_once(monkeypatch, after_commit=after_commit, holding="end")
-    run_id = await make_run(live, await make_flow(live, tools=[SLEEP]))
-    r = await live.post(
-        f"/v1/runs/{run_id}/steps",
-        json={
-            "type": "tool_call",
-            "client_token": "a",
-            "input": {"tool": "sleep", "args": {"ms": 30000}},
-        },
-    )
-    step_id = r.json()["step_id"]
-    await wait_status(live, step_id, "running")
+    run_id, step_id = await sleeping_step(live)
     following = asyncio.Event()
     follower = asyncio.create_task(_follow_run(live, run_id, following))
     await asyncio.wait_for(following.wait(), 10)  # it has read the log: it follows live now
