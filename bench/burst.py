@@ -59,13 +59,9 @@ def _figures(rows: list[dict[str, float]], beside: list[float]) -> dict[str, Any
 
 
 def _window(rows: list[dict[str, float]]) -> dict[str, float]:
-    if not all("busy_cores_to_p99" in r for r in rows):
+    if not all(k in r for r in rows for k in latency.TO_P99):
         return {}
-    return {
-        "busy_cores_to_p99": statistics.median(r["busy_cores_to_p99"] for r in rows),
-        "client_cpu_ms_to_p99": statistics.median(r["client_cpu_ms_to_p99"] for r in rows),
-        "server_cpu_ms_to_p99": statistics.median(r["server_cpu_ms_to_p99"] for r in rows),
-    }
+    return {k: statistics.median(r[k] for r in rows) for k in latency.TO_P99}
 
 
 async def bursts(a: argparse.Namespace, urls: list[str], upstream: str, tmp: Path) -> Any:

@@ -269,12 +269,13 @@ async def concurrent(t: Target, streams: int, tokens: int) -> dict[str, float]:
     if busy0 is not None and busy1 is not None:  # the machine's busy cores meanwhile
         row["machine_busy_cores"] = (busy1 - busy0) / wall
     # up to the p99 first token: what the row measures waited on the cores meanwhile
-    to_p99 = timeline.window(t0, t0 + row["ttft_p99_ms"] / 1000)
-    if to_p99:
-        row["busy_cores_to_p99"] = to_p99["busy_cores"]
-        row["client_cpu_ms_to_p99"] = to_p99["client_cpu_ms"]
-        row["server_cpu_ms_to_p99"] = to_p99["server_cpu_ms"]
+    window = timeline.window(t0, t0 + row["ttft_p99_ms"] / 1000)
+    row.update({f"{k}_to_p99": v for k, v in window.items()})
     return row
+
+
+# ``concurrent``'s figures from a burst's start to its p99 first token (``BusyTimeline``)
+TO_P99 = ("busy_cores_to_p99", "client_cpu_ms_to_p99", "server_cpu_ms_to_p99")
 
 
 async def steps(t: Target, clients_n: int, per_client: int) -> dict[str, float]:
@@ -318,9 +319,7 @@ _LOADED = (
     "postgres_cpu_s",
     "server_preemptions",
     "client_cpu_s",
-    "busy_cores_to_p99",
-    "client_cpu_ms_to_p99",
-    "server_cpu_ms_to_p99",
+    *TO_P99,
 )
 
 

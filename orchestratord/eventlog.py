@@ -485,23 +485,30 @@ async def _finalize(target: Target, finalizers: list[Finalizer]) -> list[LogEven
     return events
 
 
-async def _as_committed(db: Database, batch: _Batch) -> list[LogEvent]:
-    """A batch found committed: its events with the run cursors they were stored at (each
-    run's part of it took consecutive cursors, in ``_insert``'s order, then its finalizers'
-    events: a ``run_end``), in the order ``_insert`` returns them."""
+async def _as_committed(db: Database, batch: _Batch) -> list[LogEvent] | None:
+    """After an attempt that failed where it may have committed (the connection was lost
+    before the commit's acknowledgement): the batch's events with the run cursors they were
+    stored at, then what its finalizers appended (a ``run_end``), in the order ``_insert``
+    returns them; None where the log does not hold the batch (write it again).
+
+    A batch commits whole, and each run's part of it took consecutive cursors in
+    ``_insert``'s order: the part's first event, stored at its seq with the same bytes, tells
+    whether it committed and where. (Every event the writer is handed is a step's,
+    ``StepLog``; one that is not cannot tell, and its batch is written again.)"""
+    if not batch.events:
+        return None  # nothing tells: what goes with nothing is made again
     per_run: dict[str, list[LogEvent]] = defaultdict(list)
     for ev in batch.events:
         per_run[ev.run_id].append(ev)
     ended = {ev.run_id for ev in batch.events if ev.terminal}
     out: list[LogEvent] = []
-    for run_id in sorted(per_run):
+    for n, run_id in enumerate(sorted(per_run)):
         part = _by_step(per_run[run_id])
-        # every event the writer is handed is a step's (``StepLog``)
-        k, probe = next((k, ev) for k, ev in enumerate(part) if ev.step_id is not None)
-        stored = await _stored_at(db, probe)
-        if stored is None:
-            raise EventLogError(f"event {probe.seq} of step {probe.step_id} is not in the log")
-        base = stored - k
+        base = await _stored_at(db, part[0])
+        if base is None:
+            if n == 0:
+                return None
+            raise EventLogError(f"the log holds part of a batch, not run {run_id}'s")
         out.extend(
             LogEvent(ev.run_id, ev.step_id, ev.seq, ev.type, ev.data, base + i)
             for i, ev in enumerate(part)
@@ -632,7 +639,9 @@ class EventWriter:
         unsure = False  # an attempt failed where it may have committed
         for attempt in range(self._retries + 1):
             try:
-                found = await self._found_committed(batch) if unsure else None
+                found = await _as_committed(self.db, batch) if unsure else None
+                if found is not None:
+                    log.warning("event log commit of %d events found on retry", len(found))
                 committed = found if found is not None else await self._transaction(batch)
                 break
             except (sa.exc.IntegrityError, sa.exc.DataError, Conflict, NotFound) as exc:
@@ -661,18 +670,6 @@ class EventWriter:
         for _, fut in batch.waiters:
             if not fut.done():
                 fut.set_result(None)
-
-    async def _found_committed(self, batch: _Batch) -> list[LogEvent] | None:
-        """After an attempt that failed where it may have committed (the connection was
-        lost before the commit's acknowledgement): the batch's events as the log holds them,
-        if it did commit; else None (write it again). A batch commits whole, so one of its
-        step events, stored at its seq with the same bytes, tells. A batch with no step
-        event cannot tell: it is written again."""
-        probe = next((ev for ev in batch.events if ev.step_id is not None), None)
-        if probe is None or await _stored_at(self.db, probe) is None:
-            return None
-        log.warning("event log commit of %d events found committed on retry", len(batch.events))
-        return await _as_committed(self.db, batch)
 
     async def _transaction(self, batch: _Batch) -> list[LogEvent]:
         """The batch in one transaction; the events committed."""
