@@ -25,7 +25,12 @@ class SimSettings(BaseModel):
 
 
 class StreamSettings(BaseModel):
-    keepalive_s: float = Field(default=15.0, gt=0, description="Seconds between `: keep-alive`")
+    keepalive_s: float = Field(
+        default=15.0,
+        gt=0,
+        description="Seconds without a frame before a stream sends `: keep-alive` (due on a"
+        " 0.25 s grid shared by all streams: up to 0.25 s sooner)",
+    )
     buffer_events: int = Field(
         default=4096, ge=16, description="Recent events each live stream keeps in memory"
     )

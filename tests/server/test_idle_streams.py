@@ -1,5 +1,5 @@
 """What an idle stream costs: no tail until something is published, one waiter entry while
-it waits, headers encoded once for all streams."""
+it waits, headers encoded once for all streams, keep-alives that fall due together."""
 
 from __future__ import annotations
 
@@ -11,11 +11,12 @@ import pytest
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from orchestratord.api.app import create_app
-from orchestratord.eventlog import make_event
+from orchestratord.eventlog import LogEvent, make_event
 from orchestratord.runtime import Orchestrator
-from orchestratord.streams.hub import Hub
+from orchestratord.streams.hub import Channel, Hub
 from orchestratord.streams.response import RAW_SEND, EventStreamResponse
 from orchestratord.streams.routes import SSE_HEADERS
+from orchestratord.streams.sse import KEEPALIVE_GRID_S, _follow, keepalive_due
 from test_harness.servers import serve_app
 from tests.helpers import make_run, submit
 
@@ -42,6 +43,67 @@ async def test_a_waiter_is_removed_whether_woken_or_timed_out() -> None:
     hub.publish([ev])
     assert await waiting is True
     assert chan._waiters == []
+
+
+def test_a_keepalive_falls_due_on_the_grid_never_later_than_asked() -> None:
+    for keepalive_s, grid in ((15.0, KEEPALIVE_GRID_S), (0.2, 0.1)):
+        for now in (0.0, 0.01, 1234.5678, 99999.99, 1e6 + 0.13):
+            due = keepalive_due(now, keepalive_s)
+            assert now + keepalive_s - grid < due <= now + keepalive_s
+            assert abs(due / grid - round(due / grid)) < 1e-6
+
+
+class _OneWait(Channel):
+    """A run's channel whose first wait is noted (when its follower began, the wait's
+    deadline) and ends its follower."""
+
+    __slots__ = ("began", "waits")
+
+    def __init__(self, waits: list[tuple[float, float]]) -> None:
+        super().__init__(lambda ev: ev.run_seq or 0, 16)
+        self.waits = waits
+        self.began = 0.0
+
+    async def wait(self, cursor: int, timeout: float) -> bool:
+        self.waits.append((self.began, asyncio.get_running_loop().time() + timeout))
+        raise asyncio.CancelledError
+
+
+async def test_idle_followers_that_went_quiet_apart_wait_for_the_same_keepalive_times() -> None:
+    """Each idle follower waits until its next keep-alive; those times lie on one grid, so
+    the loop wakes for many streams' keep-alives at once, not for each stream apart."""
+    loop = asyncio.get_running_loop()
+    waits: list[tuple[float, float]] = []
+
+    async def read(cursor: int, limit: int) -> list[LogEvent]:
+        return []
+
+    for _ in range(5):
+        chan = _OneWait(waits)
+        chan.began = loop.time()
+        follower = _follow(
+            lambda chan=chan: chan,  # type: ignore[misc]
+            read,
+            0,
+            run_cursor=True,
+            batch=64,
+            poll_s=300.0,
+            keepalive_s=15.0,
+            on_close=lambda _c, _e: None,
+        )
+        with pytest.raises(asyncio.CancelledError):
+            await follower.__anext__()
+        await asyncio.sleep(0.013)
+    assert len(waits) == 5
+    instants = set()
+    for began, deadline in waits:
+        # the deadline is read back as the clock now plus the timeout asked a moment ago
+        instant = round(deadline / KEEPALIVE_GRID_S) * KEEPALIVE_GRID_S
+        assert abs(deadline - instant) < 0.002
+        assert began + 15.0 - KEEPALIVE_GRID_S < instant <= loop.time() + 15.0
+        instants.add(instant)
+    # five followers that went quiet within about 65 ms wait for at most two instants
+    assert len(instants) <= 2
 
 
 async def test_stream_responses_share_their_encoded_headers() -> None:
