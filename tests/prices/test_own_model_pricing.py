@@ -25,7 +25,7 @@ from test_harness.fake_openai import FakeState, create_fake_openai
 from test_harness.servers import serve_app
 from tests.conftest import make_settings
 from tests.helpers import make_run, read_stream, wait_status
-from tests.server.test_transfer import serve
+from tests.runs.test_transfer import serve
 
 OWN_MODEL = "acme/finetune-7b"
 IN_PER_M, OUT_PER_M = 3.0, 15.0  # the pool's price; the table has 0.15 / 0.60 for this model

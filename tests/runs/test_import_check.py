@@ -16,7 +16,7 @@ import pytest
 from orchestratord.runtime import Orchestrator
 from tests.conftest import TABLES
 from tests.helpers import make_flow, make_run, submit, tokens_committed, wait_status
-from tests.server.test_transfer import Server, export, row_counts, serve
+from tests.runs.test_transfer import Server, export, row_counts, serve
 from worker_adapters.sim import SimAdapter
 
 Bundle = dict[str, Any]

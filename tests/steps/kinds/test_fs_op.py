@@ -262,7 +262,7 @@ def test_a_write_killed_mid_way_leaves_the_old_file_whole(tree: dict[str, Path])
         """
     )
     proc = subprocess.run(
-        [sys.executable, "-c", script], cwd=Path(__file__).resolve().parents[2], check=False
+        [sys.executable, "-c", script], cwd=Path(__file__).resolve().parents[3], check=False
     )
     assert proc.returncode == -9
     assert (tree["root"] / "a.txt").read_text() == "alpha\n"  # old content, whole

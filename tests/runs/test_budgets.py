@@ -192,7 +192,7 @@ async def test_cost_budget_and_pinned_price_table(db_url: str, priced: Path) -> 
 
 
 async def test_unpriced_model_is_refused_not_free(db_url: str, tmp_path: Path) -> None:
-    """Under a cost budget; without one it runs (tests/server/test_own_model_pricing.py)."""
+    """Under a cost budget; without one it runs (tests/prices/test_own_model_pricing.py)."""
     d = tmp_path / "p"
     d.mkdir()
     (d / "2026-01-01.yaml").write_text('version: "2026-01-01"\nunpriced: refuse\nentries: []\n')
@@ -214,7 +214,7 @@ async def test_unpriced_model_is_refused_not_free(db_url: str, tmp_path: Path) -
 
 async def test_many_concurrent_steps_never_overspend(client: httpx.AsyncClient) -> None:
     """500 steps race for one run's budget in one process; the two-process case is in
-    tests/server/test_budget_processes.py."""
+    tests/runs/test_budget_processes.py."""
     run_id = await make_run(client, budgets={"max_tokens_out": 1000, "max_tokens_in": 100000})
 
     async def one(i: int) -> httpx.Response:

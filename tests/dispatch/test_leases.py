@@ -145,7 +145,7 @@ async def test_a_step_runs_at_most_max_attempts_times(db_url: str) -> None:
 async def test_a_tool_call_is_never_run_twice(db_url: str) -> None:
     from test_harness.fake_tools import FakeToolServer
     from test_harness.servers import serve_app
-    from tests.server.test_tool_call import call, http_tool, run_with
+    from tests.steps.kinds.test_tool_call import call, http_tool, run_with
 
     settings = lease_settings(db_url)
     server = FakeToolServer()
