@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 import orjson
+import pytest
+from sqlalchemy import event
 
 
 async def make_flow(client: httpx.AsyncClient, ast: Any = None, **extra: Any) -> str:
@@ -111,8 +116,6 @@ async def read_stream(
 
 async def until(done: Any, *, tries: int = 250, every_s: float = 0.02) -> None:
     """Wait until ``done()`` holds (checked every ``every_s``), or fail."""
-    import asyncio
-
     for _ in range(tries):
         if done():
             return
@@ -121,8 +124,6 @@ async def until(done: Any, *, tries: int = 250, every_s: float = 0.02) -> None:
 
 
 async def wait_status(client: httpx.AsyncClient, step_id: str, *wanted: str) -> dict[str, Any]:
-    import asyncio
-
     for _ in range(500):
         body: dict[str, Any] = (await client.get(f"/v1/steps/{step_id}")).json()
         if body["status"] in wanted:
@@ -164,11 +165,68 @@ async def stored_events(
 
 async def tokens_committed(db: Any, step_id: str, n: int) -> None:
     """Wait (bounded) until ``step_id`` has committed at least ``n`` token events."""
-    import asyncio
-
     for _ in range(500):
         events = await stored_events(db, step_id=step_id)
         if sum(1 for e in events if e.type == "token") >= n:
             return
         await asyncio.sleep(0.02)
     raise AssertionError(f"step {step_id} never committed {n} tokens")
+
+
+def measured_task(name: str | None = None) -> Callable[[], bool]:
+    """Whether the statement being run now is the measured work's: a test that counts
+    statements counts its own task's only, since a dispatcher's look at its queue or the
+    event writer's round may run between any two awaits of the work it measures.
+    ``name`` None: the calling task (a request made through the ASGI transport runs in it);
+    else the task of that name (``"event-writer"``, ``"dispatcher"``)."""
+    if name is None:
+        task = asyncio.current_task()
+        assert task is not None, "called outside a task: name the task to measure"
+        return lambda: asyncio.current_task() is task
+
+    def named() -> bool:
+        current = asyncio.current_task()
+        return current is not None and current.get_name() == name
+
+    return named
+
+
+def trace_asyncpg(
+    monkeypatch: pytest.MonkeyPatch, *, task: str | None = None
+) -> list[tuple[str, bool]]:
+    """The statements the measured task (``measured_task(task)``) runs on asyncpg from now
+    on (``db/prepared.py``'s path): their first three words, and whether each began a
+    transaction. Other tasks' statements meanwhile are not counted."""
+    from orchestratord.db import prepared
+
+    mine = measured_task(task)
+    seen: list[tuple[str, bool]] = []
+    real = prepared.run_on_asyncpg
+
+    async def traced(adapted: Any, conn: Any, sql: str, *args: Any, **kw: Any) -> Any:
+        if mine():
+            seen.append((" ".join(sql.split()[:3]), bool(kw.get("begin", True))))
+        return await real(adapted, conn, sql, *args, **kw)
+
+    monkeypatch.setattr(prepared, "run_on_asyncpg", traced)
+    return seen
+
+
+@contextmanager
+def trace_executions(engine: Any, *, task: str | None = None) -> Iterator[list[str]]:
+    """The statements the measured task (``measured_task(task)``) runs through SQLAlchemy's
+    execution (its ``before_cursor_execute`` event) while the block runs, whitespace folded;
+    other tasks' statements meanwhile are not counted."""
+    mine = measured_task(task)
+    seen: list[str] = []
+
+    def before(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        if mine():
+            seen.append(" ".join(statement.split()))
+
+    sync_engine = getattr(engine, "sync_engine", engine)
+    event.listen(sync_engine, "before_cursor_execute", before)
+    try:
+        yield seen
+    finally:
+        event.remove(sync_engine, "before_cursor_execute", before)

@@ -23,7 +23,7 @@ from orchestratord.eventlog import LogEvent, log_event
 from orchestratord.runtime import Orchestrator
 from orchestratord.steps.ending import Ending
 from orchestratord.steps.ends import ending_finalizer
-from tests.helpers import make_run, stored_events, submit, wait_status
+from tests.helpers import make_run, stored_events, submit, trace_asyncpg, wait_status
 
 
 @asynccontextmanager
@@ -86,7 +86,7 @@ async def test_a_step_ends_and_settles_in_one_statement_on_postgresql(
         await session.execute(
             sa.update(Run).where(Run.run_id == run_id).values(tokens_out_reserved=3)
         )
-    sql = _statements(monkeypatch)
+    sql = trace_asyncpg(monkeypatch)
     async with orch.db.driver_write() as target:
         assert await ending_finalizer(step_id, run_id, _ending()).run(target) == []
     assert [head for head, _ in sql] == ["WITH ended AS"], sql
@@ -199,7 +199,7 @@ async def test_steps_ending_in_one_commit_end_as_each_alone_would(
     sets = await _two_sets_first_ended(orch, client, _TWO_IN_TWO_RUNS)
     (runs_a, _, alone), (runs_b, order_b, together), endings = sets
 
-    sql = _statements(monkeypatch)
+    sql = trace_asyncpg(monkeypatch)
     finalizers = [
         ending_finalizer(s, r, e) for s, r, e in zip(together, order_b, endings, strict=True)
     ]
@@ -251,26 +251,6 @@ async def test_a_step_ended_elsewhere_fails_alone_among_steps_ending_together(
     assert [a["tokens_out"] for a in accounts] == [0, 0, 0]
 
 
-def _statements(monkeypatch: pytest.MonkeyPatch, task: str | None = None) -> list[tuple[str, bool]]:
-    """The statements run on asyncpg from now on (by the task named ``task``, if given):
-    their first words, and whether each began a transaction."""
-    import asyncio
-
-    from orchestratord.db import prepared
-
-    seen: list[tuple[str, bool]] = []
-    real = prepared.run_on_asyncpg
-
-    async def traced(adapted: object, conn: object, text: str, *a: object, **kw: Any) -> object:
-        current = asyncio.current_task()
-        if task is None or (current is not None and current.get_name() == task):
-            seen.append((" ".join(text.split()[:3]), bool(kw.get("begin"))))
-        return await real(adapted, conn, text, *a, **kw)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(prepared, "run_on_asyncpg", traced)
-    return seen
-
-
 async def _end_through_writer(
     orch: Orchestrator,
     steps: list[str],
@@ -301,7 +281,7 @@ async def test_steps_ending_in_runs_taking_steps_end_in_the_statement_of_their_e
     (runs_a, _, alone), (runs_b, order_b, together), endings = sets
     other = await make_run(client)  # events in the same statement, no step ending
     other_before = await _run_row(orch, other)
-    statements = _statements(monkeypatch, "event-writer")
+    statements = trace_asyncpg(monkeypatch, task="event-writer")
     narration = log_event(other, None, None, NarrationEvent(text="meanwhile"))
     assert await _end_through_writer(orch, together, order_b, endings, [narration]) == [1, 1, 1]
     assert statements == [("WITH locked AS", False)]
@@ -341,7 +321,7 @@ async def test_ends_that_cannot_go_with_their_events_are_made_in_a_transaction(
         pytest.skip("SQLite's commits are in-process: no round trip to save")
     runs, order, steps = await _steps(client, _ONE_PER_RUN)
     await _running_again(orch, steps[:2], 3)  # the third is not running
-    statements = _statements(monkeypatch, "event-writer")
+    statements = trace_asyncpg(monkeypatch, task="event-writer")
     assert await _end_through_writer(orch, steps, order, _endings(3)) == [1, 1, 0]
     assert statements[0] == ("WITH locked AS", False)  # refused: nothing written
     assert ("WITH locked AS", True) in statements[1:]  # the general way, in a transaction
@@ -364,7 +344,7 @@ async def test_the_last_step_of_a_cancelling_run_ends_it_in_the_batchs_transacti
         await session.execute(
             sa.update(Run).where(Run.run_id == runs[0]).values(status="cancelling")
         )
-    statements = _statements(monkeypatch, "event-writer")
+    statements = trace_asyncpg(monkeypatch, task="event-writer")
     assert await _end_through_writer(orch, steps, order, _endings(1)) == [1]
     if not orch.db.is_sqlite:
         assert statements[0] == ("WITH locked AS", False)  # refused: nothing written

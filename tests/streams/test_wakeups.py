@@ -14,9 +14,12 @@ from orchestratord.api.app import create_app
 from orchestratord.db.engine import Database
 from orchestratord.eventlog import LogEvent, wake_payload
 from orchestratord.runtime import Orchestrator
+from orchestratord.streams.hub import Channel
 from orchestratord.streams.sse import follow_run, follow_step
 from tests.conftest import TABLES, make_settings
-from tests.helpers import make_run, submit, wait_status
+from tests.helpers import make_run, submit, trace_asyncpg, wait_status
+
+_FENCE = "fence"  # a payload no process sends: no process's origin, and it names no key
 
 
 def test_wake_payload_names_runs_and_steps_and_falls_back_to_everything() -> None:
@@ -47,6 +50,21 @@ async def pair(pg_url: str, tmp_path: Path) -> AsyncIterator[tuple[Orchestrator,
         await _truncate(pg_url)
 
 
+def _waits_on(orch: Orchestrator, monkeypatch: pytest.MonkeyPatch) -> asyncio.Event:
+    """Set when a follower on ``orch`` has read all there is and waits on its hub."""
+    asleep = asyncio.Event()
+    real = Channel.wait
+    hub = orch.hub
+
+    async def wait(self: Channel, cursor: int, timeout: float) -> bool:
+        if self in (*hub._runs.values(), *hub._steps.values()):
+            asleep.set()
+        return await real(self, cursor, timeout)
+
+    monkeypatch.setattr(Channel, "wait", wait)
+    return asleep
+
+
 async def _truncate(url: str) -> None:
     db = Database(url)
     async with db.engine.begin() as conn:
@@ -56,10 +74,11 @@ async def _truncate(url: str) -> None:
 
 @pytest.mark.postgres
 async def test_a_follower_on_one_process_streams_a_step_run_by_another(
-    pair: tuple[Orchestrator, Orchestrator],
+    pair: tuple[Orchestrator, Orchestrator], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     a, b = pair
     assert b.wakeups is not None and b.wakeups.live
+    asleep = _waits_on(b, monkeypatch)
     async with httpx.AsyncClient(
         transport=httpx.ASGITransport(app=create_app(orchestrator=a)), base_url="http://a"
     ) as client:
@@ -74,7 +93,7 @@ async def test_a_follower_on_one_process_streams_a_step_run_by_another(
                     return
 
         task = asyncio.create_task(follow())
-        await asyncio.sleep(0.2)  # b's follower is caught up and asleep
+        await asyncio.wait_for(asleep.wait(), 20)  # b's follower is caught up and asleep
         step_id = (await submit(client, run_id, max_tokens=40)).json()["step_id"]
         await wait_status(client, step_id, "succeeded")
         await asyncio.wait_for(task, 20)  # without wake-ups: an hour
@@ -96,11 +115,12 @@ async def test_wakeups_come_back_after_the_connection_drops(
     a, b = pair
     assert b.wakeups is not None
     conn = b.wakeups._conn
-    await conn.close()  # as if the server dropped it
-    for _ in range(100):
-        if b.wakeups.live and b.wakeups._conn is not conn:
-            break
-        await asyncio.sleep(0.05)
+    probe = b.hub.subscribe_run("run_probe")  # poked by the reconnection (what it missed)
+    try:
+        await conn.close()  # as if the server dropped it
+        assert await probe.wait(0, timeout=20)  # False: never reconnected
+    finally:
+        b.hub.unsubscribe_run("run_probe")
     assert b.wakeups.live and b.wakeups._conn is not conn
     async with httpx.AsyncClient(
         transport=httpx.ASGITransport(app=create_app(orchestrator=a)), base_url="http://a"
@@ -109,12 +129,11 @@ async def test_wakeups_come_back_after_the_connection_drops(
         channel = b.hub.subscribe_run(run_id)
         try:
             pokes = channel.foreign
+            # waiting before the fact is posted: its wake-up may arrive before the response
+            woken = asyncio.create_task(channel.wait(0, timeout=20))
             r = await client.post(f"/v1/runs/{run_id}/facts", json={"type": "f", "data": 1})
             assert r.status_code == 201
-            for _ in range(200):
-                if channel.foreign > pokes:
-                    break
-                await asyncio.sleep(0.05)
+            assert await woken  # False: no wake-up came
             assert channel.foreign > pokes
         finally:
             b.hub.unsubscribe_run(run_id)
@@ -128,7 +147,6 @@ async def test_one_notification_per_commit_sent_by_the_cursor_update(
     with several runs it runs once per run and PostgreSQL delivers it once."""
     import asyncpg
 
-    from orchestratord.db import prepared
     from orchestratord.eventlog import WAKE_CHANNEL, insert_events
     from orchestratord.streams.wakeups import asyncpg_dsn
 
@@ -138,35 +156,32 @@ async def test_one_notification_per_commit_sent_by_the_cursor_update(
     ) as client:
         runs = sorted([await make_run(client), await make_run(client)])
     got: list[str] = []
+    fenced = asyncio.Event()
+
+    def received(*args: object) -> None:
+        if args[3] == _FENCE:
+            fenced.set()
+        else:
+            got.append(str(args[3]))
+
     listener = await asyncpg.connect(asyncpg_dsn(a.settings.database_url))
-    await listener.add_listener(WAKE_CHANNEL, lambda *args: got.append(str(args[3])))
-    sql: list[str] = []
-    real = prepared.run_on_asyncpg
-    this = asyncio.current_task()
-
-    async def traced(
-        adapted: object, conn: object, text: str, params: object, **kw: object
-    ) -> object:
-        if asyncio.current_task() is this:  # not the dispatchers' looks at their queues
-            sql.append(text.split()[0])
-        return await real(adapted, conn, text, params, **kw)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(prepared, "run_on_asyncpg", traced)
+    await listener.add_listener(WAKE_CHANNEL, received)
+    sql = trace_asyncpg(monkeypatch)  # this task's: not the dispatchers' looks at their queues
     try:
         for batch_runs in (runs[:1], runs):
             got.clear()
             sql.clear()
+            fenced.clear()
             events = [LogEvent(r, None, None, "fact", b"{}") for r in batch_runs]
             async with a.db.write() as session:
                 await insert_events(session, events)
-            for _ in range(100):
-                if got:
-                    break
-                await asyncio.sleep(0.02)
-            await asyncio.sleep(0.1)  # a second one would have come by now
+            # notifications arrive in the order their transactions committed: once a fence
+            # sent after the commit is here, every notification of the commit is too
+            await listener.execute("SELECT pg_notify($1, $2)", WAKE_CHANNEL, _FENCE)
+            await asyncio.wait_for(fenced.wait(), 20)
             assert got == [wake_payload(a.db.origin, events)]
             # the runs' rows locked in order, their cursors taken, the events inserted and the
             # wake-up sent: one statement
-            assert sql == ["WITH"], sql
+            assert [head.split()[0] for head, _ in sql] == ["WITH"], sql
     finally:
         await listener.close()
