@@ -1,23 +1,33 @@
-"""A write transaction plus what must happen once it has committed, or if it does not."""
+"""The write transaction services see: ``Tx``.
+
+Statements run on it (``await stmt.rows(tx, params)``, ``db/prepared.py``), the ORM works on
+its ``session``, events are appended to it, and what must happen once it has committed, or
+if it does not, is registered on it. Underneath it is a session's transaction, or one begun
+on the driver (SQLite in a file, PostgreSQL on asyncpg) that a session joins only when code
+first asks for ``session``: a transaction made of prepared statements alone opens none.
+How it runs is ``orchestratord/db``'s business, not the services'.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from orchestratord.db.engine import WriteTx
-from orchestratord.db.prepared import Target, dialect_of
-from orchestratord.eventlog import LogEvent, insert_events
+from orchestratord.db.prepared import _Target, dialect_of
+
+if TYPE_CHECKING:
+    from orchestratord.db.engine import _WriteTx
+    from orchestratord.eventlog import LogEvent
 
 
 class Tx:
-    """A write transaction: a session's, or one begun on the driver (SQLite in a file,
-    PostgreSQL on asyncpg) that a session joins when code first asks for ``session``;
-    prepared statements run on ``target``, so a transaction made of them alone opens no
-    session."""
+    """A write transaction (``Orchestrator.tx``, ``Database.driver_write``)."""
 
-    def __init__(self, on: AsyncSession | WriteTx) -> None:
+    __slots__ = ("_on", "_sqlite", "callbacks", "events", "undo")
+
+    def __init__(self, on: AsyncSession | _WriteTx) -> None:
         self._on = on
         self.events: list[LogEvent] = []
         self.callbacks: list[Callable[[], None]] = []
@@ -26,13 +36,15 @@ class Tx:
 
     @property
     def session(self) -> AsyncSession:
+        """The ORM's session in this transaction (made, and joined to it, when first asked
+        for)."""
         on = self._on
         return on if isinstance(on, AsyncSession) else on.session
 
     @property
-    def target(self) -> Target:
-        """Where prepared statements run: the session once there is one (it flushes what it
-        holds first), else the driver's transaction."""
+    def target(self) -> _Target:
+        """Where prepared statements run (``db/prepared.py``): the session once there is one
+        (it flushes what it holds first), else the driver's transaction."""
         on = self._on
         return on if isinstance(on, AsyncSession) else on.target
 
@@ -43,11 +55,18 @@ class Tx:
             sqlite = self._sqlite = dialect_of(self.target).name == "sqlite"
         return sqlite
 
+    @property
+    def postgresql(self) -> bool:
+        return not self.sqlite  # the two databases served
+
     async def append_events(self, events: list[LogEvent]) -> None:
         """Write events now; they are published to followers after commit."""
         if not events:
             return
-        self.events.extend(await insert_events(self.target, events))
+        # (the event log imports the database, which makes transactions of this type)
+        from orchestratord.eventlog import insert_events
+
+        self.events.extend(await insert_events(self, events))
 
     def after_commit(self, callback: Callable[[], None]) -> None:
         self.callbacks.append(callback)

@@ -16,7 +16,8 @@ connection the process keeps checked out between transactions (measured: a one-s
 transaction through a session cost 0.43 ms of CPU here, 0.13 ms on asyncpg). A session
 joins the same transaction only when code asks for one. On PostgreSQL, plain SELECTs ahead
 of the first write run on their own, and a last write with nothing begun before it may
-commit by itself (``PgTx``): a submission that starts its step is two round trips, not six.
+commit by itself (``prepared._PgTx``): a submission that starts its step is two round trips,
+not six.
 """
 
 from __future__ import annotations
@@ -44,7 +45,14 @@ from sqlalchemy.pool import StaticPool
 from orchestratord.db import json_codec
 from orchestratord.db.held import HeldConnections
 from orchestratord.db.inline_sqlite import InlineConnection, inline_creator, open_sqlite
-from orchestratord.db.prepared import DriverTx, PgTx, Target, commit_on_asyncpg
+from orchestratord.db.prepared import (
+    _PgTx,
+    _SqliteTx,
+    _Target,
+    check_asyncpg_adapter,
+    commit_on_asyncpg,
+)
+from orchestratord.tx import Tx
 
 SQLITE_BUSY_TIMEOUT_MS = 5_000
 SQLITE_PRAGMAS = (
@@ -111,11 +119,13 @@ class WriteLock:
         self._held = False
 
 
-class WriteTx:
+class _WriteTx:
     """A write transaction begun with no session (``Database.write_tx``); the session that
-    joins it is made when first asked for."""
+    joins it is made when first asked for. What ``Tx`` holds: services see only ``Tx``."""
 
-    def __init__(self, driver: DriverTx | PgTx, make: Callable[[], AsyncSession]) -> None:
+    __slots__ = ("_make", "driver", "joined")
+
+    def __init__(self, driver: _SqliteTx | _PgTx, make: Callable[[], AsyncSession]) -> None:
         self.driver = driver
         self._make = make
         self.joined: AsyncSession | None = None
@@ -123,13 +133,13 @@ class WriteTx:
     @property
     def session(self) -> AsyncSession:
         if self.joined is None:
-            if isinstance(self.driver, PgTx):
+            if isinstance(self.driver, _PgTx):
                 self.driver.check_open()
             self.joined = self._make()
         return self.joined
 
     @property
-    def target(self) -> Target:
+    def target(self) -> _Target:
         return self.joined if self.joined is not None else self.driver
 
 
@@ -191,6 +201,8 @@ class Database:
         # PostgreSQL on asyncpg: connections held between session-less write transactions,
         # each with its asyncpg adapter
         self._pg_driver = self.dialect == "postgresql"
+        if self._pg_driver:
+            check_asyncpg_adapter()  # refuses a SQLAlchemy whose adapter differs
         self._held = HeldConnections(self.engine, max(1, pool_size // 2))
         # as many of them run at once as are kept: more would open connections (and prepare
         # their statements again) only to share the same core; a burst waits its turn, first
@@ -231,7 +243,7 @@ class Database:
                 self._write_lock.release()
         elif urgent and self._pg_driver:  # on the writer's own connection
             async with self.write_tx(urgent=True) as on:
-                yield on.session if isinstance(on, WriteTx) else on
+                yield on.session if isinstance(on, _WriteTx) else on
         else:
             async with self._writer() as session, session.begin():
                 session.info["origin"] = self.origin
@@ -244,16 +256,17 @@ class Database:
         return self._driver_file is not None or self._pg_driver
 
     @asynccontextmanager
-    async def driver_write(self, *, urgent: bool = False) -> AsyncIterator[Target]:
-        """A write transaction for prepared statements alone: on the driver with no session
-        where ``on_driver``, else a session's; commits on success."""
+    async def driver_write(self, *, urgent: bool = False) -> AsyncIterator[Tx]:
+        """A write transaction (``write_tx``) as services see it: a session joins it only if
+        code asks for one; commits on success. (Its events and callbacks are the caller's:
+        ``Orchestrator.tx`` publishes and runs them.)"""
         async with self.write_tx(urgent=urgent) as on:
-            yield on.target if isinstance(on, WriteTx) else on
+            yield Tx(on)
 
     @asynccontextmanager
-    async def write_tx(self, *, urgent: bool = False) -> AsyncIterator[AsyncSession | WriteTx]:
+    async def write_tx(self, *, urgent: bool = False) -> AsyncIterator[AsyncSession | _WriteTx]:
         """A write transaction for ``Tx``: begun on the driver where ``on_driver``, a session
-        joining it only when asked for (``WriteTx``); elsewhere a session."""
+        joining it only when asked for (``_WriteTx``); elsewhere a session."""
         if self._driver_file is not None:
             async with self._sqlite_write_tx(urgent) as tx:
                 yield tx
@@ -270,12 +283,9 @@ class Database:
                 held = self._urgent_held if urgent else self._held
                 assert held is not None  # PostgreSQL's
                 conn, adapted = await held.take()
-                if adapted is not None:
-                    async with self._pg_write_tx(conn, adapted, held) as tx:
-                        yield tx
-                    return
-                self._pg_driver = False  # another SQLAlchemy than this was written against
-                await conn.close()
+                async with self._pg_write_tx(conn, adapted, held) as tx:
+                    yield tx
+                return
             finally:
                 _IN_PG_WRITE.reset(inside)
                 if turn:
@@ -284,12 +294,12 @@ class Database:
             yield session
 
     @asynccontextmanager
-    async def _sqlite_write_tx(self, urgent: bool) -> AsyncIterator[WriteTx]:
+    async def _sqlite_write_tx(self, urgent: bool) -> AsyncIterator[_WriteTx]:
         await self._write_lock.acquire(urgent=urgent)
         try:
             driver = self._writer_connection()
             driver.execute("BEGIN IMMEDIATE").close()
-            tx = WriteTx(DriverTx(driver, self.engine.dialect), self._writer)
+            tx = _WriteTx(_SqliteTx(driver, self.engine.dialect), self._writer)
             try:
                 yield tx
                 if tx.joined is not None:
@@ -314,7 +324,7 @@ class Database:
         conn: AsyncConnection,
         adapted: Any,
         held: HeldConnections,
-    ) -> AsyncIterator[WriteTx]:
+    ) -> AsyncIterator[_WriteTx]:
         """Begun on asyncpg at the first statement; a session made in it is bound to the same
         connection and joins it. Committed: the connection is held for the next one; on any
         failure it goes back to the pool, which rolls back what it holds (or drops it)."""
@@ -324,7 +334,7 @@ class Database:
             joined.info["origin"] = self.origin
             return joined
 
-        tx = WriteTx(PgTx(conn, adapted, self.origin), session)
+        tx = _WriteTx(_PgTx(conn, adapted, self.origin), session)
         keep = False
         try:
             yield tx

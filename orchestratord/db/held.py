@@ -29,13 +29,17 @@ class HeldConnections:
     def __len__(self) -> int:
         return len(self._idle)
 
-    async def take(self) -> tuple[AsyncConnection, Any | None]:
-        """A held connection, else a new one from the pool; with its asyncpg adapter (None
-        where SQLAlchemy's differs from the one this was written against)."""
+    async def take(self) -> tuple[AsyncConnection, Any]:
+        """A held connection, else a new one from the pool; with its asyncpg adapter
+        (``RuntimeError`` where SQLAlchemy's lacks what ``prepared.py`` uses of it)."""
         if self._idle:
             return self._idle.pop()
         conn = await self.engine.connect()
-        return conn, asyncpg_adapter(conn)
+        try:
+            return conn, asyncpg_adapter(conn)
+        except BaseException:
+            await conn.close()
+            raise
 
     async def give_back(self, conn: AsyncConnection, adapted: Any, *, keep: bool) -> None:
         """Kept (its transaction committed) while fewer than ``size`` are; else back to the

@@ -1,20 +1,29 @@
-"""Core statements of the hot paths, executed on SQLite's driver connection directly.
+"""Core statements of the hot paths, executed on the database's driver directly.
 
 Through an ``AsyncSession`` every statement crosses SQLAlchemy's async layer (a greenlet
 switch each way), then its execution context (the compiled cache, parameter processing, a
 result object): about 40 µs of Python around a statement that SQLite runs in 1-2 µs here.
 On the SQLite file databases this service serves, the driver connection runs inline on the
-event loop (``inline_sqlite.py``), so a hot statement can be run on it directly, inside the
-session's transaction: compiled once, its parameters and results converted by the very
-processors SQLAlchemy would apply. Elsewhere (PostgreSQL, an in-memory SQLite database
-behind aiosqlite's thread) the same statement goes through the session as before.
+event loop (``inline_sqlite.py``), so a hot statement can be run on it directly; on
+PostgreSQL it runs on the asyncpg connection under SQLAlchemy's: inside the transaction that
+connection holds, compiled once, its parameters and results converted by the very
+processors SQLAlchemy would apply (asked of the types through their public API:
+``dialect_impl(dialect).bind_processor`` / ``result_processor``). Elsewhere (an in-memory
+SQLite database behind aiosqlite's thread) the statement goes through the session.
 
-Callers see one interface, ``await stmt.rows(target, params)``: a list of plain tuples,
-the statement's columns in order, whichever way it ran. The target is a session, or a write
-transaction with no session at all, for work made of prepared statements alone (a
-submission, a batch of events, a step's end): a ``DriverTx`` on SQLite (begun on the
-process's one writer connection), a ``PgTx`` on PostgreSQL (begun on asyncpg under a
-connection the process keeps checked out); see ``Database.write_tx``.
+Callers see one interface, ``await stmt.rows(tx, params)``: a list of plain tuples, the
+statement's columns in order, whichever way it ran. ``tx`` is a service's transaction
+(``orchestratord.tx.Tx``) or, for reads, a session. A ``Tx`` of prepared statements alone
+has no session at all: on SQLite its transaction is begun on the process's one writer
+connection (``_SqliteTx``), on PostgreSQL on asyncpg under a connection the process keeps
+checked out (``_PgTx``); see ``Database.write_tx``. Those, and ``_Target`` (where a statement
+runs), are this package's own.
+
+One thing has no public API: running a statement on asyncpg inside the transaction that
+SQLAlchemy's asyncpg adapter holds (its lock, its BEGIN and COMMIT, its cache of prepared
+statements, its translation of errors). ``ASYNCPG_ADAPTER`` names each attribute of the
+adapter used for it, and why; ``check_asyncpg_adapter`` refuses to start on a SQLAlchemy
+whose adapter lacks one (pyproject.toml pins the minor version they were read from).
 """
 
 from __future__ import annotations
@@ -22,19 +31,26 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar, cast
 
 from sqlalchemy import event
 from sqlalchemy.engine import Dialect
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from sqlalchemy.orm import Session, SessionTransaction, class_mapper, make_transient_to_detached
-from sqlalchemy.sql import Executable, Select
+from sqlalchemy.sql import ClauseElement, Executable, Select
+from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.dml import UpdateBase
-from sqlalchemy.sql.selectable import CTE
+from sqlalchemy.sql.elements import ColumnElement
+from sqlalchemy.sql.selectable import CTE, ForUpdateArg, SelectBase
+from sqlalchemy.sql.type_api import TypeEngine
 from sqlalchemy.sql.visitors import iterate
+from sqlalchemy.types import TupleType
 
 from orchestratord.db.inline_sqlite import InlineConnection
+
+if TYPE_CHECKING:
+    from orchestratord.tx import Tx
 
 _NO_DRIVER = "prepared.no_driver"
 _DRIVER = "prepared.driver"
@@ -45,6 +61,24 @@ _T = TypeVar("_T")
 _Processor = Callable[[Any], Any] | None
 
 
+def bind_processor(type_: TypeEngine[Any], dialect: Dialect) -> _Processor:
+    """What SQLAlchemy applies to a parameter of this type before the driver gets it."""
+    return type_.dialect_impl(dialect).bind_processor(dialect)
+
+
+def result_processor(type_: TypeEngine[Any], dialect: Dialect, coltype: Any) -> _Processor:
+    """What SQLAlchemy applies to a value of this type the driver returned (``coltype``: the
+    driver's type of the column, asyncpg's OID; ``None`` on SQLite)."""
+    return type_.dialect_impl(dialect).result_processor(dialect, coltype)
+
+
+def result_columns(stmt: Executable) -> list[ColumnElement[Any]]:
+    """The columns of the statement's rows, in order: a SELECT's, a RETURNING's."""
+    if isinstance(stmt, SelectBase | UpdateBase):
+        return list(stmt.exported_columns)
+    return []
+
+
 class _Compiled:
     """The statement compiled for one dialect: its SQL, where each positional parameter
     comes from (a caller's key or a literal of the statement), and the converters."""
@@ -52,20 +86,20 @@ class _Compiled:
     __slots__ = ("_dialect", "_types", "params", "results", "sql")
 
     def __init__(self, stmt: Executable, dialect: Dialect) -> None:
-        compiled: Any = stmt.compile(dialect=dialect)  # type: ignore[attr-defined]
+        compiled = cast(ClauseElement, stmt).compile(dialect=dialect)
+        assert isinstance(compiled, SQLCompiler)
         binds = compiled.binds
-        processors = compiled._bind_processors
         self.sql: str = compiled.string
         self.params: list[tuple[str, bool, Any, _Processor]] = []
         for name in compiled.positiontup or ():
             bind = binds[name]
-            if bind.expanding:
-                raise ValueError(f"{name}: an expanding parameter cannot be prepared")
+            if bind.expanding or isinstance(bind.type, TupleType):
+                raise ValueError(f"{name}: an expanding or tuple parameter cannot be prepared")
             # a literal of the statement (``status == 'running'``) is taken from it
             literal = not bind.required and bind.callable is None
-            self.params.append((bind.key, literal, bind.value, processors.get(name)))
+            self.params.append((bind.key, literal, bind.value, bind_processor(bind.type, dialect)))
         self._dialect = dialect
-        self._types = [entry.type for entry in compiled._result_columns]
+        self._types = [column.type for column in result_columns(stmt)]
         # some of asyncpg's processors depend on the column's type in the result (its OID):
         # known at the first execution (``typed``)
         self.results: list[_Processor] | None = None
@@ -74,10 +108,8 @@ class _Compiled:
 
     def typed(self, coltypes: list[Any]) -> list[_Processor]:
         """The result's converters, given the types its columns came back with."""
-        return [
-            t._cached_result_processor(self._dialect, c)
-            for t, c in zip(self._types, coltypes, strict=True)
-        ]
+        dialect = self._dialect
+        return [result_processor(t, dialect, c) for t, c in zip(self._types, coltypes, strict=True)]
 
     def bound(self, values: Mapping[str, Any]) -> tuple[Any, ...]:
         out = []
@@ -105,58 +137,68 @@ class _Compiled:
 
 
 @dataclass(frozen=True, slots=True)
-class DriverTx:
-    """A SQLite write transaction on the driver connection alone, no session
-    (``Database.driver_write``): for work made only of prepared statements."""
+class _SqliteTx:
+    """A SQLite write transaction on the driver connection alone, no session."""
 
     sqlite: sqlite3.Connection
     dialect: Dialect
 
 
 @dataclass(slots=True)
-class PgTx:
+class _PgTx:
     """A PostgreSQL write transaction run on asyncpg itself (no session), under a connection
     the process holds (``Database.write_tx``); ``origin`` names the process's writes.
 
-    Its transaction begins at its first statement that writes or locks: a plain ``SELECT``
-    before it runs on its own, as under READ COMMITTED every statement reads its own snapshot
-    anyway (no round trip for ``BEGIN`` ahead of reads). A write that is the transaction's
-    last statement may run alone, with no ``BEGIN`` or ``COMMIT`` at all, when nothing began
-    before it (``Prepared.rows(alone=True)``); the transaction is then over (``ended``)."""
+    Its transaction begins at its first statement that writes or locks (``begun``): a plain
+    ``SELECT`` before it runs on its own, as under READ COMMITTED every statement reads its
+    own snapshot anyway (no round trip for ``BEGIN`` ahead of reads). A write that is the
+    transaction's last statement may run alone, with no ``BEGIN`` or ``COMMIT`` at all, when
+    nothing began before it (``Prepared.rows(alone=True)``); the transaction is then over
+    (``ended``). Both are this object's own record of what it asked of the connection."""
 
     conn: AsyncConnection
-    asyncpg: Any  # SQLAlchemy's adapter of the asyncpg connection (``_ADAPTER_API``)
+    asyncpg: Any  # SQLAlchemy's adapter of the asyncpg connection (``ASYNCPG_ADAPTER``)
     origin: str
+    begun: bool = False
     ended: bool = False
 
     @property
     def dialect(self) -> Dialect:
         return self.conn.dialect
 
-    @property
-    def begun(self) -> bool:
-        return self.asyncpg._transaction is not None
-
     def check_open(self) -> None:
         if self.ended:
             raise RuntimeError("this transaction ended with a statement run alone")
 
 
-def nothing_written(target: Target) -> None:
+# where a prepared statement runs: a session's transaction, or a driver's alone
+_Target: TypeAlias = AsyncSession | _SqliteTx | _PgTx
+_TARGETS = (AsyncSession, _SqliteTx, _PgTx)
+
+# what a statement is given to run on: a service's transaction (it says where), a session
+# (a read's), or (inside this package) a target itself
+On: TypeAlias = "Tx | _Target"
+# the name services used for it, until each takes ``tx: Tx`` (or, for a read, a session)
+Target: TypeAlias = "Tx | _Target"
+
+
+def _target(on: On) -> _Target:
+    return on if isinstance(on, _TARGETS) else on.target
+
+
+def nothing_written(on: On) -> None:
     """The statement just run alone wrote nothing (as its rows tell its caller): the
     transaction goes on, and may begin."""
-    if isinstance(target, PgTx):
+    target = _target(on)
+    if isinstance(target, _PgTx):
         target.ended = False
 
 
-def can_run_alone(target: Target) -> bool:
-    """A statement run on ``target`` with ``alone=True`` would commit by itself: a PostgreSQL
+def can_run_alone(on: On) -> bool:
+    """A statement run on ``on`` with ``alone=True`` would commit by itself: a PostgreSQL
     transaction on asyncpg in which nothing has begun (nor a session joined)."""
-    return isinstance(target, PgTx) and not target.begun and not target.ended
-
-
-# where a prepared statement runs: a session's transaction, or a driver's alone
-Target = AsyncSession | DriverTx | PgTx
+    target = _target(on)
+    return isinstance(target, _PgTx) and not target.begun and not target.ended
 
 
 @dataclass(slots=True)
@@ -170,12 +212,13 @@ class _Route:
     conn: AsyncConnection | None = None
 
 
-async def _route(target: Target) -> _Route:
-    if isinstance(target, DriverTx):
+async def _route(target: _Target) -> _Route:
+    if isinstance(target, _SqliteTx):
         return _Route(target.dialect, sqlite=target.sqlite)
-    if isinstance(target, PgTx):
+    if isinstance(target, _PgTx):
         return _Route(target.dialect, asyncpg=target.asyncpg, conn=target.conn)
-    if not target.sync_session._is_clean():
+    session = target.sync_session
+    if session.new or session.dirty or session.deleted:
         await target.flush()  # what the session would autoflush before the statement
     driver = await sqlite_driver(target)
     if driver is not None:
@@ -192,7 +235,7 @@ class Prepared:
     def __init__(self, stmt: Executable) -> None:
         self.stmt = stmt
         self._compiled: dict[str, _Compiled] = {}  # by dialect name
-        self.reads = _reads_only(stmt)  # ``PgTx`` runs it before BEGIN
+        self.reads = _reads_only(stmt)  # ``_PgTx`` runs it before BEGIN
 
     def compiled(self, dialect: Dialect) -> _Compiled:
         compiled = self._compiled.get(dialect.name)
@@ -201,11 +244,12 @@ class Prepared:
         return compiled
 
     async def rows(
-        self, target: Target, params: Mapping[str, Any] | None = None, *, alone: bool = False
+        self, on: On, params: Mapping[str, Any] | None = None, *, alone: bool = False
     ) -> list[tuple[Any, ...]]:
         """The statement's rows. ``alone``: the caller writes nothing more in this
         transaction; where nothing has begun in it (``can_run_alone``) the statement runs on
         its own and commits by itself, and the transaction is over."""
+        target = on if isinstance(on, _TARGETS) else on.target
         route = await _route(target)
         compiled = self.compiled(route.dialect)
         if route.sqlite is not None:
@@ -228,44 +272,53 @@ class Prepared:
         return [tuple(row) for row in result.all()] if result.returns_rows else []
 
     async def first(
-        self, target: Target, params: Mapping[str, Any] | None = None, *, alone: bool = False
+        self, on: On, params: Mapping[str, Any] | None = None, *, alone: bool = False
     ) -> tuple[Any, ...] | None:
-        rows = await self.rows(target, params, alone=alone)
+        rows = await self.rows(on, params, alone=alone)
         return rows[0] if rows else None
 
 
-def _begins(target: Target, *, reads: bool, alone: bool) -> bool:
+def _begins(target: _Target, *, reads: bool, alone: bool) -> bool:
     """Whether a statement on asyncpg begins the target's transaction (if none has begun):
-    not a read, nor a write run alone, ahead of anything else in a ``PgTx``."""
-    if not isinstance(target, PgTx):
+    not a read, nor a write run alone, ahead of anything else in a ``_PgTx``."""
+    if not isinstance(target, _PgTx):
         return True
     target.check_open()
-    return target.begun or not (reads or alone)
+    begin = target.begun or not (reads or alone)
+    if begin:
+        target.begun = True
+    return begin
 
 
-def _ran(target: Target, *, begin: bool, alone: bool) -> None:
-    """A write ran alone, and committed: its ``PgTx`` is over."""
+def _ran(target: _Target, *, begin: bool, alone: bool) -> None:
+    """A write ran alone, and committed: its ``_PgTx`` is over."""
     if alone and not begin:
-        assert isinstance(target, PgTx)
+        assert isinstance(target, _PgTx)
         target.ended = True
 
 
 def _reads_only(stmt: Executable) -> bool:
-    """A SELECT that writes nothing and locks nothing: no FOR UPDATE, no INSERT, UPDATE or
-    DELETE in a WITH. (A SELECT of a function that writes or locks, an advisory lock, must
-    not be prepared: it would run outside the transaction.)"""
-    if not isinstance(stmt, Select) or stmt._for_update_arg is not None:
+    """A SELECT that writes nothing and locks nothing: no FOR UPDATE (nor FOR SHARE...) and
+    no INSERT, UPDATE or DELETE in a WITH, anywhere in it. (A SELECT of a function that
+    writes or locks, an advisory lock, must not be prepared: it would run outside the
+    transaction.)"""
+    if not isinstance(stmt, Select):
         return False
-    ctes = [*stmt._independent_ctes, *(e for e in iterate(stmt) if isinstance(e, CTE))]
-    return not any(isinstance(cte.element, UpdateBase) for cte in ctes)
+    for element in iterate(stmt):
+        if isinstance(element, ForUpdateArg):
+            return False
+        if isinstance(element, CTE) and isinstance(element.element, UpdateBase):
+            return False
+    return True
 
 
 async def driver_sql(
-    target: Target, sql: str, params: Any, *, many: bool = False, alone: bool = False
+    on: On, sql: str, params: Any, *, many: bool = False, alone: bool = False
 ) -> list[tuple[Any, ...]]:
     """SQL in the driver's own dialect (its paramstyle, no conversions), on SQLite's driver
     where it runs inline, on asyncpg, else on the session's connection; the rows it
     returns. ``alone`` as for ``Prepared.rows``."""
+    target = _target(on)
     route = await _route(target)
     if route.sqlite is not None:
         return run_on_driver(route.sqlite, sql, params, many=many)
@@ -281,15 +334,17 @@ async def driver_sql(
     return [tuple(row) for row in result.all()] if result.returns_rows else []
 
 
-def dialect_of(target: Target) -> Dialect:
+def dialect_of(on: On) -> Dialect:
+    target = _target(on)
     return target.get_bind().dialect if isinstance(target, AsyncSession) else target.dialect
 
 
-def origin_of(target: Target) -> str | None:
-    """The process that writes in ``target`` (PostgreSQL; ``None`` on SQLite)."""
-    if isinstance(target, PgTx):
+def origin_of(on: On) -> str | None:
+    """The process that writes in ``on`` (PostgreSQL; ``None`` on SQLite)."""
+    target = _target(on)
+    if isinstance(target, _PgTx):
         return target.origin
-    return None if isinstance(target, DriverTx) else target.info.get("origin")
+    return None if isinstance(target, _SqliteTx) else target.info.get("origin")
 
 
 async def sqlite_driver(session: AsyncSession) -> sqlite3.Connection | None:
@@ -333,28 +388,56 @@ async def _asyncpg_of(session: AsyncSession, conn: AsyncConnection) -> Any | Non
 
 
 def asyncpg_adapter(conn: AsyncConnection) -> Any | None:
-    """SQLAlchemy's asyncpg adapter of the connection, or ``None`` on another driver (or a
-    SQLAlchemy other than the one this was written against: the Core path then)."""
+    """SQLAlchemy's asyncpg adapter of the connection (the DBAPI connection of its pool
+    entry), or ``None`` on another driver; ``RuntimeError`` if it lacks what is used of it."""
     if conn.dialect.driver != "asyncpg":
         return None
-    fairy = conn.sync_connection.connection  # type: ignore[union-attr]
-    adapted = fairy.dbapi_connection
-    return adapted if all(hasattr(adapted, a) for a in _ADAPTER_API) else None
+    adapted = conn.sync_connection.connection.dbapi_connection  # type: ignore[union-attr]
+    check_asyncpg_adapter(adapted)
+    return adapted
 
 
-# what run_on_asyncpg uses of SQLAlchemy's asyncpg adapter (sqlalchemy/dialects/postgresql/
-# asyncpg.py): the same mutex, transaction, statement cache and error translation its cursor
-# uses, so a statement run here is one the session's own would have been
-_ADAPTER_API = (
-    "_execute_mutex",
-    "_transaction",
-    "_start_transaction",
-    "_prepare",
-    "_invalidate_schema_cache_asof",
-    "_handle_exception",
-    "_connection",
-    "_call_and_discard",
-)
+# What ``run_on_asyncpg`` and ``commit_on_asyncpg`` use of SQLAlchemy's asyncpg adapter
+# (sqlalchemy/dialects/postgresql/asyncpg.py, AsyncAdapt_asyncpg_connection) that has no
+# public API, and why: a statement run here must be one the session's own cursor would have
+# run, in the same transaction, so that SQLAlchemy commits or rolls back what began here and
+# the reverse. Read from SQLAlchemy 2.1 (pyproject.toml pins it); checked when the database
+# opens (``check_asyncpg_adapter``) and by tests/db/test_sqlalchemy_internals.py.
+ASYNCPG_ADAPTER: dict[str, str] = {
+    "_execute_mutex": "the lock the adapter's cursor holds around each statement: ours never "
+    "interleave with a session's on the same connection",
+    "_transaction": "the asyncpg transaction the adapter holds (None when none has begun): a "
+    "statement joins it, and COMMIT ends it",
+    "_start_transaction": "BEGIN as the adapter begins it (its isolation level, read only, "
+    "deferrable), recorded where its own commit and rollback look",
+    "_prepare": "the adapter's cache of prepared statements: one PREPARE per statement and "
+    "connection, shared with the session's cursor, with the columns' types",
+    "_invalidate_schema_cache_asof": "the argument ``_prepare`` takes (when the connection's "
+    "cached types were last reloaded)",
+    "_handle_exception": "asyncpg's errors raised as the DBAPI errors SQLAlchemy wraps "
+    "(IntegrityError...), and a closed connection's transaction forgotten",
+    "_call_and_discard": "COMMIT as the adapter commits: the transaction is forgotten "
+    "whether or not COMMIT succeeds",
+}
+
+
+def check_asyncpg_adapter(adapter: Any = None) -> None:
+    """Refuse (``RuntimeError``) a SQLAlchemy whose asyncpg adapter (``adapter``, an
+    instance, or else its class) lacks an attribute of ``ASYNCPG_ADAPTER``."""
+    if adapter is None:
+        from sqlalchemy.dialects.postgresql.asyncpg import AsyncAdapt_asyncpg_connection
+
+        adapter = AsyncAdapt_asyncpg_connection
+    missing = [name for name in ASYNCPG_ADAPTER if not hasattr(adapter, name)]
+    if missing:
+        import sqlalchemy
+
+        raise RuntimeError(
+            f"SQLAlchemy {sqlalchemy.__version__}: its asyncpg adapter has no "
+            + ", ".join(missing)
+            + " (orchestratord/db/prepared.py runs statements on it; install the version"
+            " pyproject.toml names)"
+        )
 
 
 async def run_on_asyncpg(
@@ -375,7 +458,7 @@ async def run_on_asyncpg(
             if begin and adapted._transaction is None:
                 await adapted._start_transaction()
             if many:
-                await adapted._connection.executemany(sql, params)
+                await adapted.driver_connection.executemany(sql, params)
                 return [], ()
             prepared, columns = await adapted._prepare(sql, adapted._invalidate_schema_cache_asof)
             return await prepared.fetch(*params), columns
@@ -387,9 +470,10 @@ async def run_on_asyncpg(
 
 
 async def commit_on_asyncpg(adapted: Any, conn: AsyncConnection) -> None:
-    """COMMIT what ``run_on_asyncpg`` began, if it began anything; errors as SQLAlchemy raises
-    them (a refused deferred constraint, a lost connection). (A transaction that fails is
-    rolled back by the pool its connection goes back to.)"""
+    """COMMIT what ``run_on_asyncpg`` began, if anything (a session joined to the same
+    connection may have committed it already: the adapter says); errors as SQLAlchemy
+    raises them (a refused deferred constraint, a lost connection). (A transaction that
+    fails is rolled back by the pool its connection goes back to.)"""
     async with adapted._execute_mutex:
         transaction = adapted._transaction
         if transaction is None:

@@ -16,9 +16,8 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from orchestratord.db.engine import Database
 from orchestratord.db.models import Flow, Run
 from orchestratord.db.prepared import (
-    PgTx,
     Prepared,
-    Target,
+    _PgTx,
     can_run_alone,
     detached,
     driver_sql,
@@ -329,8 +328,8 @@ async def test_the_writer_connection_comes_back_after_it_was_invalidated(db: Dat
 _PG_ONLY = pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
 
 
-async def _backend_pid(target: Target) -> int:
-    return int((await driver_sql(target, "SELECT pg_backend_pid()", ()))[0][0])
+async def _backend_pid(tx: Tx) -> int:
+    return int((await driver_sql(tx, "SELECT pg_backend_pid()", ()))[0][0])
 
 
 async def _busy_backends(db: Database) -> list[tuple[str, str]]:
@@ -353,7 +352,7 @@ async def test_postgresql_write_transactions_run_on_a_connection_kept_between_th
     serves the next; one that failed goes back to the pool rolled back."""
     await _seed(db, _run("run_t"), _run("run_u"))
     async with db.driver_write() as tx:
-        assert isinstance(tx, PgTx)
+        assert isinstance(tx.target, _PgTx)
         first = await _backend_pid(tx)
         await _SET_STATUS.rows(tx, {"id": "run_t", "s": "cancelling"})
     async with db.driver_write() as tx:
@@ -594,11 +593,12 @@ async def test_postgresql_reads_ahead_of_the_first_write_begin_no_transaction(
     await _seed(db, _run("run_r1"), _run("run_r2"))
     for beginning in (_SET_STATUS, _RUN_FOR_UPDATE, _SELECT_OVER_UPDATE):
         async with db.driver_write() as tx:
-            assert isinstance(tx, PgTx)
+            pg = tx.target
+            assert isinstance(pg, _PgTx)
             assert (await _RUN_BY_ID.first(tx, {"id": "run_r1"})) is not None
-            assert not tx.begun and await _busy_backends(db) == []
+            assert not pg.begun and await _busy_backends(db) == []
             await beginning.rows(tx, {"id": "run_r2", "s": "cancelling"})
-            assert tx.begun
+            assert pg.begun
             assert await _busy_backends(db) != []  # idle in its transaction
             if beginning is _SET_STATUS:
                 assert await _statuses(db) == {"run_r1": "running", "run_r2": "running"}
@@ -616,10 +616,10 @@ async def test_a_postgresql_statement_run_alone_commits_by_itself_and_ends_its_t
     async with db.write_tx() as on:
         assert not isinstance(on, AsyncSession)
         tx = on.driver
-        assert isinstance(tx, PgTx)
+        assert isinstance(tx, _PgTx)
         await _RUN_BY_ID.rows(tx, {"id": "run_a1"})
         assert can_run_alone(tx)
-        pid = tx.asyncpg._connection.get_server_pid()  # (no statement: driver_sql begins)
+        pid = tx.asyncpg.driver_connection.get_server_pid()  # (no statement: driver_sql begins)
         await _SET_STATUS.rows(tx, {"id": "run_a1", "s": "cancelling"}, alone=True)
         assert await _statuses(db) == {"run_a1": "cancelling"}  # committed before the block ends
         assert not can_run_alone(tx) and not tx.begun
@@ -640,7 +640,7 @@ async def test_a_postgresql_statement_run_alone_that_fails_writes_nothing_and_en
 ) -> None:
     await _seed(db, _run("run_a2"), _run("run_a3"))
     async with db.driver_write() as tx:
-        assert isinstance(tx, PgTx)
+        assert isinstance(tx.target, _PgTx)
         with pytest.raises(sa.exc.IntegrityError):
             await _RENAME.rows(tx, {"id": "run_a3", "to": "run_a2"}, alone=True)
         assert can_run_alone(tx)  # nothing began: the transaction goes on
