@@ -41,6 +41,30 @@ def rounds(monkeypatch: pytest.MonkeyPatch) -> list[str | None]:
     return seen
 
 
+class _QuietPolls:
+    """Counts the dispatcher's polls that no wake-up came before (its waits of ``poll_s``
+    that ran out)."""
+
+    def __init__(self, target: dispatcher.Dispatcher, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.count = 0
+        self._polled = asyncio.Event()
+        real = target._quiet_poll
+
+        def counted() -> None:
+            real()
+            self.count += 1
+            self._polled.set()
+
+        monkeypatch.setattr(target, "_quiet_poll", counted)
+
+    async def passed(self, n: int) -> None:
+        """Until ``n`` more polls have run."""
+        until = self.count + n
+        while self.count < until:
+            self._polled.clear()
+            await asyncio.wait_for(self._polled.wait(), 30)
+
+
 _ORCH: list[Orchestrator] = []  # the service behind the latest client
 
 
@@ -257,12 +281,13 @@ async def _queued_while_a_slot_is_held(
 
 @_SQLITE
 async def test_an_idle_server_on_sqlite_runs_no_claim_round_on_its_polls(
-    db_url: str, rounds: list[str | None]
+    db_url: str, rounds: list[str | None], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """One process owns a SQLite file: every submission, requeue and health refresh wakes
     the dispatcher, so a poll that found the queues empty last time has nothing to find."""
     orch = Orchestrator(make_settings(db_url, dispatch={"poll_s": 0.02}, health_interval_s=3600.0))
     await orch.start()
+    polls = _QuietPolls(orch.dispatcher, monkeypatch)
     try:
         async with (
             serve_app(create_app(orchestrator=orch)) as url,
@@ -271,9 +296,9 @@ async def test_an_idle_server_on_sqlite_runs_no_claim_round_on_its_polls(
             run_id = await make_run(c)
             step_id = (await submit(c, run_id, token="a", max_tokens=2)).json()["step_id"]
             await wait_status(c, step_id, "succeeded")
-            await asyncio.sleep(0.1)  # the rounds after it
+            await polls.passed(5)  # the rounds after it
             rounds.clear()
-            await asyncio.sleep(0.3)  # some fifteen polls
+            await polls.passed(15)
             assert rounds == []
             # a submission still starts (with its submission, or by the round it wakes)
             step_id = (await submit(c, run_id, token="b", max_tokens=2)).json()["step_id"]
