@@ -20,13 +20,16 @@ import functools
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 import orjson
 import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Dialect
 from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.types import TypeEngine, UserDefinedType
 
 from contracts.events import EventBase, NarrationEvent
 from orchestrator_core.errors import Conflict, NotFound
@@ -60,7 +63,7 @@ class Finalizer:
     item: Any = None
     # PostgreSQL: what the group's ``items`` write in the statement appending their events,
     # which then needs no transaction (``Alongside``); None where they cannot go there
-    alongside: Callable[[list[Any]], Alongside | None] | None = None
+    alongside: Callable[[list[Any]], Writes | None] | None = None
 
 
 @dataclass(slots=True)
@@ -103,10 +106,13 @@ _RUNS = cast(sa.Table, Run.__table__)
 MAX_SPAN = 256
 
 # Prepared once: Core statements skip the ORM's per-row bulk machinery on the hot path.
-_INSERT_SQL = (  # SQLite
-    "INSERT INTO events (run_id, run_seq, step_id, seq, type, data, span) "
-    "VALUES (?, ?, ?, ?, ?, ?, ?)"
-)
+_EVENT_ROW = ("run_id", "run_seq", "step_id", "seq", "type", "data", "span")  # ``_rows``' order
+# SQLite: the rows go to the driver's own executemany (plain tuples, no parameter
+# processing per row), in the text SQLAlchemy compiles for this INSERT once
+_INSERT = _EVENTS.insert().values({name: sa.bindparam(name) for name in _EVENT_ROW})
+_INSERT_COMPILED = _INSERT.compile(dialect=sqlite.dialect())
+assert tuple(_INSERT_COMPILED.positiontup or ()) == _EVENT_ROW
+_INSERT_SQL = _INSERT_COMPILED.string
 _TAKE_RUN_SEQ = Prepared(
     _RUNS.update()
     .where(_RUNS.c.run_id == sa.bindparam("b_run_id"))
@@ -116,76 +122,154 @@ _TAKE_RUN_SEQ = Prepared(
 _TOKEN = EventType.TOKEN.value
 
 
-def _marks(style: str, first: int, n: int) -> list[str]:
-    """``n`` positional parameter markers from the ``first`` (1-based) on."""
-    return ["?"] * n if style == "qmark" else [f"${i}" for i in range(first, first + n)]
-
-
 @functools.lru_cache(maxsize=64)
-def _take_run_seqs_sql(n: int) -> str:
-    """SQLite: take cursors for ``n`` runs at once: (run_id, count) pairs, then the n run
-    ids.
+def _take_run_seqs(n: int) -> Prepared:
+    """SQLite: take cursors for ``n`` runs at once (parameters ``r0``... the run ids,
+    ``n0``... their event counts); a row per run: its id and its new top.
 
-    Driver SQL: an expression built for every commit (a CASE of n branches, its parameters,
-    its cache key) costs more than the statement itself."""
-    marks = _marks("qmark", 1, 3 * n)
-    whens = " ".join(f"WHEN {marks[2 * i]} THEN {marks[2 * i + 1]}" for i in range(n))
-    ids = ", ".join(marks[2 * n : 3 * n])
-    return (
-        f"UPDATE runs SET event_seq = event_seq + CASE run_id {whens} END "
-        f"WHERE run_id IN ({ids}) RETURNING run_id, event_seq"
+    Built and compiled once per run count: building it for every commit (a CASE of n
+    branches, its cache key) would cost more than the statement itself."""
+    ids = [sa.bindparam(f"r{i}", type_=sa.String) for i in range(n)]
+    whens = {run_id: sa.bindparam(f"n{i}", type_=sa.BigInteger) for i, run_id in enumerate(ids)}
+    return Prepared(
+        _RUNS.update()
+        .where(_RUNS.c.run_id.in_(ids))
+        .values(event_seq=_RUNS.c.event_seq + sa.case(whens, value=_RUNS.c.run_id))
+        .returning(_RUNS.c.run_id, _RUNS.c.event_seq)
     )
 
 
-# PostgreSQL: a batch in one statement, whatever its runs: their rows locked in run_id order
-# (no deadlock between two processes' writers, whose updates would otherwise lock them in the
-# order their scans find them), their cursors taken, the events inserted at the cursors taken
-# (each row's ``run_seq`` sent as its offset in its run's part of the batch), and the wake-up
-# sent (once per run; PostgreSQL folds identical notifications of a transaction into one).
-# One round trip where there were four, and with nothing else in its transaction, no BEGIN
-# or COMMIT either (``alone``).
-_PG_APPEND = (
-    "WITH locked AS MATERIALIZED (SELECT run_id, status FROM runs"
-    " WHERE run_id = ANY($1::varchar[]) ORDER BY run_id FOR NO KEY UPDATE),{ctes}"
-    " taken AS (UPDATE runs SET event_seq = runs.event_seq + c.n{sets}"
-    " FROM unnest($1::varchar[], $2::bigint[]) AS c(run_id, n){join}"
-    " WHERE runs.run_id = c.run_id AND runs.run_id IN (SELECT run_id FROM locked){where}"
-    " RETURNING runs.run_id, runs.event_seq - c.n AS base, runs.event_seq AS top),"
-    " inserted AS (INSERT INTO events (run_id, run_seq, step_id, seq, type, data, span)"
-    " SELECT e.run_id, t.base + e.k, e.step_id, e.seq, e.type, e.data, e.span"
-    " FROM unnest($3::varchar[], $4::bigint[], $5::varchar[], $6::bigint[], $7::varchar[],"
-    " $8::text[], $9::int[]) AS e(run_id, k, step_id, seq, type, data, span)"
-    " JOIN taken t ON t.run_id = e.run_id)"
-    " SELECT run_id, top{wake} FROM taken"
+_PG: Any = postgresql.dialect()  # type: ignore[no-untyped-call]
+
+
+class PlainArray(UserDefinedType[Any]):
+    """A PostgreSQL array parameter handed to the driver as it is (a list or tuple of plain
+    values: text, integers): ``ARRAY``'s own parameter processing copies each array
+    element by element, a pass per column of a batch of events that this spares."""
+
+    cache_ok = True
+    render_bind_cast = True
+
+    def __init__(self, item: type[TypeEngine[Any]]) -> None:
+        self.item = item
+        self._spec = postgresql.ARRAY(item).compile(dialect=_PG)
+
+    def get_col_spec(self, **kw: Any) -> str:
+        return self._spec
+
+    def bind_processor(self, dialect: Dialect) -> None:
+        return None
+
+
+# PostgreSQL: a batch in one statement, whatever its runs (``_append``): their rows locked in
+# run_id order (no deadlock between two processes' writers, whose updates would otherwise
+# lock them in the order their scans find them), their cursors taken, the events inserted
+# at the cursors taken (each row's ``run_seq`` sent as its offset in its run's part of the
+# batch), and the wake-up sent (once per run; PostgreSQL folds identical notifications of a
+# transaction into one). One round trip where there were four, and with nothing else in its
+# transaction, no BEGIN or COMMIT either (``alone``).
+APPEND_RUNS = sa.bindparam("a_runs", type_=PlainArray(sa.String))  # the batch's runs, sorted
+# their rows, locked (what goes ``Alongside`` reads their statuses here)
+LOCKED = (
+    sa.select(_RUNS.c.run_id, _RUNS.c.status)
+    .where(_RUNS.c.run_id == sa.any_(APPEND_RUNS))
+    .order_by(_RUNS.c.run_id)
+    .with_for_update(key_share=True)  # FOR NO KEY UPDATE
+    .cte("locked")
+    .prefix_with("MATERIALIZED")
 )
-_APPEND_PARAMS = 9  # the wake-up's two follow
-_PG_APPEND_SQL = _PG_APPEND.format(ctes="", sets="", join="", where="", wake="")
-_PG_APPEND_WAKE_SQL = _PG_APPEND.format(
-    ctes="", sets="", join="", where="", wake=", pg_notify($10, $11)"
+# each run of the batch and its number of events
+_COUNTS = (
+    sa.func.unnest(APPEND_RUNS, sa.bindparam("a_counts", type_=PlainArray(sa.BigInteger)))
+    .table_valued(sa.column("run_id", sa.String), sa.column("n", sa.BigInteger))
+    .render_derived(name="c")
+)
+# the rows of the batch (``_rows``, its run_seq an offset): one array per column
+_ROW_TYPES: dict[str, type[TypeEngine[Any]]] = {
+    "run_id": sa.String,
+    "k": sa.BigInteger,
+    "step_id": sa.String,
+    "seq": sa.BigInteger,
+    "type": sa.String,
+    "data": sa.Text,
+    "span": sa.Integer,
+}
+_ROW_KEYS = tuple(f"e_{name}" for name in _ROW_TYPES)
+_EACH = (
+    sa.func.unnest(
+        *(
+            sa.bindparam(k, type_=PlainArray(t))
+            for k, t in zip(_ROW_KEYS, _ROW_TYPES.values(), strict=True)
+        )
+    )
+    .table_valued(*(sa.column(name, t) for name, t in _ROW_TYPES.items()))
+    .render_derived(name="e")
+)
+_WAKE = sa.func.pg_notify(
+    sa.bindparam("wake_channel", type_=sa.String), sa.bindparam("wake_payload", type_=sa.String)
 )
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, eq=False)
 class Alongside:
-    """Writes the append statement makes with the events (PostgreSQL), as parts of its text:
-    ``ctes`` (each followed by a comma) run with the batch's runs locked (``locked``: their
-    ids and statuses), ``sets`` (each after a comma) and ``join`` (to the FROM of ``c``,
-    the runs' ids and event counts) change the runs' rows as their cursors are taken, and
-    ``where`` (after an AND) may refuse them all: then the statement writes nothing. Their
-    parameters are numbered from ``{p}`` on (``{p1}`` ... for the next ones); ``$1`` holds
-    the batch's run ids, ``c.run_id`` names a run being updated in ``join``."""
+    """Writes the statement appending a batch's events makes with them (PostgreSQL), as
+    Core expressions built once: ``values`` (of the runs' columns, beside their cursors)
+    change the runs' rows as their cursors are taken, and ``where`` (conditions on them) may
+    refuse them all: then the statement writes nothing. Both may read ``LOCKED`` (the
+    batch's runs, their rows locked, with their statuses), ``APPEND_RUNS`` and CTEs of
+    their own, which come with them; each run being updated is the ``runs`` row itself."""
 
-    ctes: str
-    sets: str
-    join: str
-    where: str
-    params: tuple[Any, ...]
+    values: Mapping[str, Any]
+    where: tuple[Any, ...]
 
-    def sql(self, wake: bool) -> str:
-        first = _APPEND_PARAMS + (3 if wake else 1)
-        numbers = {"p": f"${first}", **{f"p{i}": f"${first + i}" for i in range(1, 16)}}
-        parts = {k: getattr(self, k).format(**numbers) for k in ("ctes", "sets", "join", "where")}
-        return _PG_APPEND.format(**parts, wake=", pg_notify($10, $11)" if wake else "")
+
+class Writes(NamedTuple):
+    """What goes ``alongside`` a batch's events, and the values of its parameters."""
+
+    alongside: Alongside
+    params: Mapping[str, Any]
+
+
+@functools.lru_cache(maxsize=16)
+def _append(wake: bool, alongside: Alongside | None) -> Prepared:
+    """The statement appending a batch on PostgreSQL (parameters: ``APPEND_RUNS``,
+    ``a_counts``, ``_ROW_KEYS``, with ``wake`` the channel and payload, and those of what
+    goes ``alongside``); a row per run: its id and its new top. Built and compiled once per
+    shape."""
+    values: dict[str, Any] = {"event_seq": _RUNS.c.event_seq + _COUNTS.c.n}
+    where: tuple[Any, ...] = ()
+    if alongside is not None:
+        values.update(alongside.values)
+        where = alongside.where
+    taken = (
+        _RUNS.update()
+        .where(
+            _RUNS.c.run_id == _COUNTS.c.run_id,
+            _RUNS.c.run_id.in_(sa.select(LOCKED.c.run_id)),
+            *where,
+        )
+        .values(values)
+        .returning(
+            _RUNS.c.run_id,
+            (_RUNS.c.event_seq - _COUNTS.c.n).label("base"),
+            _RUNS.c.event_seq.label("top"),
+        )
+        .cte("taken")
+    )
+    inserted = (
+        _EVENTS.insert()
+        .from_select(
+            list(_EVENT_ROW),
+            sa.select(
+                _EACH.c.run_id,
+                taken.c.base + _EACH.c.k,
+                *(_EACH.c[name] for name in _EVENT_ROW[2:]),
+            ).select_from(_EACH.join(taken, taken.c.run_id == _EACH.c.run_id)),
+        )
+        .cte("inserted")
+    )
+    columns = [taken.c.run_id, taken.c.top, *([_WAKE] if wake else [])]
+    return Prepared(sa.select(*columns).add_cte(LOCKED, inserted))
 
 
 # PostgreSQL: every transaction that appends events also NOTIFYs this channel with the keys it
@@ -252,15 +336,15 @@ async def insert_events(
 
 
 async def insert_events_alongside(
-    target: Target, events: Sequence[LogEvent], alongside: Alongside
+    target: Target, events: Sequence[LogEvent], writes: Writes
 ) -> list[LogEvent] | None:
-    """PostgreSQL: ``insert_events`` and the writes ``alongside``, in one statement that
-    commits by itself; ``None`` where those refused it (nothing was written)."""
-    return await _insert(target, events, alone=True, alongside=alongside)
+    """PostgreSQL: ``insert_events`` and ``writes``, in one statement that commits by
+    itself; ``None`` where those refused it (nothing was written)."""
+    return await _insert(target, events, alone=True, alongside=writes)
 
 
 async def _insert(
-    target: Target, events: Sequence[LogEvent], *, alone: bool, alongside: Alongside | None
+    target: Target, events: Sequence[LogEvent], *, alone: bool, alongside: Writes | None
 ) -> list[LogEvent] | None:
     per_run: dict[str, list[LogEvent]] = defaultdict(list)
     for ev in events:
@@ -297,9 +381,12 @@ async def _take_cursors(
     if len(runs) == 1:
         take = {"b_run_id": runs[0], "b_count": len(per_run[runs[0]])}
         tops = {runs[0]: (await _TAKE_RUN_SEQ.rows(target, take))[0][0]}
-    else:  # one statement for every run in the batch, its text made once per run count
-        params = tuple(x for r in runs for x in (r, len(per_run[r]))) + tuple(runs)
-        rows = await driver_sql(target, _take_run_seqs_sql(len(runs)), params)
+    else:  # one statement for every run in the batch, compiled once per run count
+        params: dict[str, Any] = {}
+        for i, run_id in enumerate(runs):
+            params[f"r{i}"] = run_id
+            params[f"n{i}"] = len(per_run[run_id])
+        rows = await _take_run_seqs(len(runs)).rows(target, params)
         tops = {row[0]: row[1] for row in rows}
     return {r: tops[r] - len(per_run[r]) for r in runs}
 
@@ -311,19 +398,21 @@ async def _append_on_postgresql(
     ordered: list[LogEvent],
     *,
     alone: bool,
-    alongside: Alongside | None,
+    alongside: Writes | None,
 ) -> dict[str, int] | None:
-    """``_PG_APPEND``: each run's first cursor for its part of the batch; ``None`` where
-    what went ``alongside`` refused the statement."""
-    columns = list(zip(*_rows(ordered), strict=True))
-    params: tuple[Any, ...] = (runs, [len(per_run[r]) for r in runs], *columns)
+    """``_append``: each run's first cursor for its part of the batch; ``None`` where what
+    went ``alongside`` refused the statement."""
+    params: dict[str, Any] = dict(zip(_ROW_KEYS, zip(*_rows(ordered), strict=True), strict=True))
+    params["a_runs"] = runs
+    params["a_counts"] = [len(per_run[r]) for r in runs]
     origin = origin_of(target)
-    sql = _PG_APPEND_SQL
     if origin is not None:
-        sql, params = _PG_APPEND_WAKE_SQL, (*params, WAKE_CHANNEL, wake_payload(origin, ordered))
+        params["wake_channel"] = WAKE_CHANNEL
+        params["wake_payload"] = wake_payload(origin, ordered)
     if alongside is not None:
-        sql, params = alongside.sql(origin is not None), (*params, *alongside.params)
-    rows = await driver_sql(target, sql, params, alone=alone)
+        params.update(alongside.params)
+    statement = _append(origin is not None, None if alongside is None else alongside.alongside)
+    rows = await statement.rows(target, params, alone=alone)
     if not rows and alongside is not None:
         return None
     return {row[0]: row[1] - len(per_run[row[0]]) for row in rows}
@@ -456,7 +545,7 @@ class _Batch:
         return list(parts.values())
 
 
-def _alongside(target: Target, batch: _Batch) -> Alongside | None:
+def _alongside(target: Target, batch: _Batch) -> Writes | None:
     """What the batch's finalizers write in the statement appending its events, where they
     all can (PostgreSQL: one group sharing ``together``, each with its terminal event)."""
     finalizers = [f for _, f in batch.finalizers]

@@ -18,11 +18,19 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from orchestrator_core import clock
 from orchestrator_core.errors import Conflict, NotFound
-from orchestrator_core.lifecycle import StepStatus, check_step_transition
+from orchestrator_core.lifecycle import RunStatus, StepStatus, check_step_transition
 from orchestratord.db.json_codec import dumps
 from orchestratord.db.models import Run, Step
 from orchestratord.db.prepared import Prepared, Target, dialect_of
-from orchestratord.eventlog import Alongside, Finalizer, LogEvent
+from orchestratord.eventlog import (
+    APPEND_RUNS,
+    LOCKED,
+    Alongside,
+    Finalizer,
+    LogEvent,
+    PlainArray,
+    Writes,
+)
 from orchestratord.runs.ledger import RunState, Used, settle, settled, used_params
 from orchestratord.steps.ending import Ending
 from orchestratord.steps.transition import settle_run_after_step
@@ -240,11 +248,8 @@ def _ended_many(columns: Sequence[Any], now: Any, *also: Any) -> sa.Update:
             _STEPS.c.cost_reserved_usd,
             each.c.tokens_in.label("used_in"),
             each.c.tokens_out.label("used_out"),
-            # (literals in the text: a RETURNING's are not bound inline for ``Alongside``)
-            sa.func.coalesce(each.c.cost_usd, sa.literal_column("0")).label("used_cost"),
-            sa.case(
-                (each.c.cost_usd.is_(None), sa.literal_column("1")), else_=sa.literal_column("0")
-            ).label("unpriced"),
+            sa.func.coalesce(each.c.cost_usd, 0.0).label("used_cost"),
+            sa.case((each.c.cost_usd.is_(None), 1), else_=0).label("unpriced"),
         )
     )
 
@@ -260,13 +265,10 @@ def _settled_by(ended: Any, now: Any, zero: Callable[[Any], Any] = lambda c: c) 
 
 
 _NOW = sa.bindparam("b_now", type_=_STEPS.c.ended_at.type)
-_ENDED_MANY = _ended_many(
-    [
-        sa.bindparam(key, type_=postgresql.ARRAY(t))
-        for key, t in zip(_MANY_KEYS, _MANY_TYPES, strict=True)
-    ],
-    _NOW,
-).cte("ended")
+_MANY_PARAMS = [
+    sa.bindparam(key, type_=PlainArray(t)) for key, t in zip(_MANY_KEYS, _MANY_TYPES, strict=True)
+]
+_ENDED_MANY = _ended_many(_MANY_PARAMS, _NOW).cte("ended")
 _END_AND_SETTLE_MANY = Prepared(
     _RUNS.update()
     .where(_RUNS.c.run_id == _ENDED_MANY.c.run_id)
@@ -328,64 +330,77 @@ _STEP_STATUS = Prepared(
 )
 
 
-_PG: Any = postgresql.dialect()  # type: ignore[no-untyped-call]
-
-
-def _fragment(clause: Any) -> str:
-    """A clause as SQL text for ``Alongside`` (its literals inline, its ``{p}`` kept)."""
-    return str(clause.compile(dialect=_PG, compile_kwargs={"literal_binds": True}))
-
-
 # PostgreSQL, in the event log's statement appending the terminal events (``Alongside``):
 # the steps locked (after their runs, as everywhere) and each found running in the run its
 # runner named, each run still running and among those whose events the statement appends
-# (``$1``), or nothing is written (``ok``); then each step ends as ``end_together`` ends it,
-# and its run settles as ``ledger.settled`` settles it, in the update that takes its run's
-# cursors (a row is updated once per statement); the runs without an end keep their
-# account. The parameters: ``_MANY_KEYS``' columns, the runs' ids, the time.
-_ALONGSIDE_NOW: sa.ColumnClause[Any] = sa.literal_column("{p10}::timestamptz")
-_ALONGSIDE_ENDED = _ended_many(
-    [  # ``{p}``, ``{p1}``, ... as ``_END_AND_SETTLE_MANY``'s arrays
-        sa.literal_column(f"{{p{i or ''}}}::{postgresql.ARRAY(t).compile(_PG)}")
-        for i, t in enumerate(_MANY_TYPES)
-    ],
-    _ALONGSIDE_NOW,
-    sa.literal_column("(SELECT ok FROM ok)"),
+# (``APPEND_RUNS``), or nothing is written (``ok``); then each step ends as ``end_together``
+# ends it, and its run settles as ``ledger.settled`` settles it, in the update that takes its
+# run's cursors (a row is updated once per statement); the runs without an end keep their
+# account. The parameters: ``_MANY_KEYS``' columns, ``m_run_id`` (each step's run), ``b_now``.
+_ENDING_RUNS = sa.bindparam("m_run_id", type_=postgresql.ARRAY(sa.String))
+_NAMED = (
+    sa.func.unnest(_MANY_PARAMS[0], _ENDING_RUNS)
+    .table_valued(sa.column("step_id", sa.String), sa.column("run_id", sa.String))
+    .render_derived(name="w")
 )
-_ALONGSIDE_CTES = (
-    " live AS MATERIALIZED (SELECT s.step_id FROM steps s"
-    " JOIN unnest({p}::varchar[], {p9}::varchar[]) AS w(step_id, run_id)"
-    " ON s.step_id = w.step_id AND s.run_id = w.run_id"
-    " WHERE s.status = 'running' AND (SELECT count(*) FROM locked) >= 0"
-    " ORDER BY s.step_id FOR NO KEY UPDATE OF s),"
-    " ok AS MATERIALIZED (SELECT count(*) = cardinality({p}::varchar[])"
-    " AND {p9}::varchar[] <@ $1::varchar[] AND NOT EXISTS (SELECT FROM locked"
-    " WHERE run_id = ANY({p9}::varchar[]) AND status <> 'running') AS ok FROM live),"
-    f" ended AS ({_fragment(_ALONGSIDE_ENDED)}),"
+_LIVE = (
+    sa.select(_STEPS.c.step_id)
+    .join_from(
+        _STEPS,
+        _NAMED,
+        sa.and_(_STEPS.c.step_id == _NAMED.c.step_id, _STEPS.c.run_id == _NAMED.c.run_id),
+    )
+    .where(
+        _STEPS.c.status == StepStatus.RUNNING.value,
+        # (reads ``locked``: the runs are locked first)
+        sa.select(sa.func.count()).select_from(LOCKED).scalar_subquery() >= 0,
+    )
+    .order_by(_STEPS.c.step_id)
+    .with_for_update(key_share=True, of=_STEPS)
+    .cte("live")
+    .prefix_with("MATERIALIZED")
 )
-_D = sa.table("d", *(sa.column(c["name"]) for c in _ALONGSIDE_ENDED.returning_column_descriptions))
-_ALONGSIDE_SETS = "".join(
-    f", {column} = {_fragment(value)}"
-    for column, value in _settled_by(
-        _D,
-        sa.case((_D.c.run_id.is_(None), _RUNS.c.updated_at), else_=_ALONGSIDE_NOW),
+_OK = (
+    sa.select(
+        sa.and_(
+            sa.func.count() == sa.func.cardinality(_MANY_PARAMS[0]),
+            _ENDING_RUNS.contained_by(APPEND_RUNS),
+            ~sa.exists().where(
+                LOCKED.c.run_id == sa.any_(_ENDING_RUNS),
+                LOCKED.c.status != RunStatus.RUNNING.value,
+            ),
+        ).label("ok")
+    )
+    .select_from(_LIVE)
+    .cte("ok")
+    .prefix_with("MATERIALIZED")
+)
+_ALL_OK = sa.select(_OK.c.ok).scalar_subquery()
+_ALONGSIDE_ENDED = _ended_many(_MANY_PARAMS, _NOW, _ALL_OK).cte("ended")
+# each run of the batch, with what its ending step held and used (NULLs where none ends)
+_EACH_RUN = (
+    sa.select(LOCKED.c.run_id, *(c for c in _ALONGSIDE_ENDED.c if c.key != "run_id"))
+    .select_from(LOCKED.outerjoin(_ALONGSIDE_ENDED, _ALONGSIDE_ENDED.c.run_id == LOCKED.c.run_id))
+    .cte("d")
+)
+_ALONGSIDE = Alongside(
+    values=_settled_by(
+        _EACH_RUN,
+        sa.case((_EACH_RUN.c.step_id.is_(None), _RUNS.c.updated_at), else_=_NOW),
         lambda c: sa.func.coalesce(c, 0),
-    ).items()
+    ),
+    where=(_EACH_RUN.c.run_id == _RUNS.c.run_id, _ALL_OK),
 )
 
 
-def _alongside(items: list[Any]) -> Alongside | None:
+def _alongside(items: list[Any]) -> Writes | None:
     """The ends made by the statement appending their events: each in its own run (a run
     settles once per statement), else ``None``."""
     ends = cast(list[_Ends], items)
     runs = [end.run_id for end in ends]
     if len(set(runs)) < len(runs):
         return None
-    params = (*_columns(ends), runs, clock.now())
-    return Alongside(
-        ctes=_ALONGSIDE_CTES,
-        sets=_ALONGSIDE_SETS,
-        join=" LEFT JOIN ended d ON d.run_id = c.run_id",
-        where=" AND (SELECT ok FROM ok)",
-        params=params,
-    )
+    params: dict[str, Any] = dict(zip(_MANY_KEYS, _columns(ends), strict=True))
+    params["m_run_id"] = runs
+    params["b_now"] = clock.now()
+    return Writes(_ALONGSIDE, params)
