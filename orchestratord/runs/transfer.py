@@ -14,7 +14,7 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, cast, get_args
+from typing import Any, cast
 
 import orjson
 import sqlalchemy as sa
@@ -24,7 +24,6 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from contracts.common import Budgets
 from contracts.flows import FlowCreate
-from contracts.steps import StepType
 from contracts.transfer import BUNDLE_FORMAT, RunBundle
 from orchestrator_core.admission import PRIORITY_RANK
 from orchestrator_core.errors import Conflict, InvalidParams, NotFound
@@ -35,6 +34,7 @@ from orchestratord.db.models import Checkpoint, Event, Fact, Flow, Run, Step
 from orchestratord.eventlog import EVENT_COLUMNS as _EVENT_COLUMNS
 from orchestratord.eventlog import expand
 from orchestratord.runs.transfer_checks import check_record
+from orchestratord.steps.kinds import KINDS
 from orchestratord.tx import Tx
 
 Row = dict[str, Any]
@@ -393,9 +393,6 @@ def _check_step_logs(steps: Sequence[Row], events: Sequence[Row]) -> None:
             )
 
 
-STEP_TYPES: tuple[str, ...] = get_args(StepType)
-
-
 def _check_choice(value: Any, allowed: Sequence[str], field: str) -> None:
     if value not in allowed:
         raise InvalidParams(f"is {value!r}; one of {', '.join(allowed)}", field=field)
@@ -432,7 +429,7 @@ def _validate(bundle: RunBundle) -> _Decoded:
                 "(succeeded, failed or cancelled)",
                 field=f"steps[{i}].status",
             )
-        _check_choice(step["type"], STEP_TYPES, f"steps[{i}].type")
+        _check_choice(step["type"], tuple(KINDS), f"steps[{i}].type")  # the kinds served
         _check_choice(step["priority"], tuple(PRIORITY_RANK), f"steps[{i}].priority")
         if step["priority_rank"] != PRIORITY_RANK[step["priority"]]:
             raise InvalidParams(

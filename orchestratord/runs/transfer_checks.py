@@ -12,10 +12,13 @@ record is derived again here and compared:
   in the step's provenance) are the hashes of the step's stored input; in a ``record`` run,
   ``seed`` and ``policy_hash`` are the run's, and the run's ``policy_hash`` is its policy's;
 - the terminal event agrees with the step's row: status, stop reason, token counts, error
-  body and provenance; ``tool_suggest`` events are ``output.suggestions``;
+  body and provenance;
 - ``fact`` and ``checkpoint`` events are the bundle's fact and checkpoint rows; a checkpoint's
   ``state_hash`` is its state's; ``run_end`` names the run and its status;
-- the run holds exactly ``step_count`` steps, and its usage is the sum of theirs.
+- the run holds exactly ``step_count`` steps, and its usage is the sum of theirs;
+- what a kind makes of its events is its kind's to check (``StepKind.check_record``, in the
+  kind's module): a plan's ``output.suggestions`` are its ``tool_suggest`` events, a tool
+  call's ``output.result`` its ``tool_result`` fact's, a checkpoint's output its event's.
 
 A refusal is ``InvalidParams`` naming the field (``events[12].data.t``), with ``step_id`` and
 ``seq`` in its details when an event or a step is at fault.
@@ -24,8 +27,7 @@ A refusal is ``InvalidParams`` naming the field (``events[12].data.t``), with ``
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn
 
 import orjson
@@ -37,6 +39,8 @@ from orchestrator_core.errors import InvalidParams, OrchestratorError, Unsupport
 from orchestrator_core.policy import RulePolicy
 from orchestrator_core.replay import StepKey
 from orchestratord.steps.kinds import kind_of
+from orchestratord.steps.kinds.record import RecordedEvent, StepRecord
+from orchestratord.steps.kinds.record import refuse as _refuse
 
 Row = dict[str, Any]
 
@@ -44,53 +48,6 @@ _MODELS: dict[str, type[EventBase]] = {m.event_type: m for m in STEP_EVENTS}
 # the error body's fields that the step's row and its error event both carry
 _ERROR_FIELDS = ("code", "message", "retriable", "retry_after_ms", "details")
 _COST_TOLERANCE = 1e-6
-
-
-def _refuse(
-    message: str, *, field: str, step_id: str | None = None, seq: int | None = None
-) -> NoReturn:
-    where: dict[str, Any] = {}
-    if step_id is not None:
-        where["step_id"] = step_id
-    if seq is not None:
-        where["seq"] = seq
-    if step_id is not None:
-        message += f" (step {step_id}" + (f", event seq {seq})" if seq is not None else ")")
-    raise InvalidParams(message, field=field, details=where)
-
-
-@dataclass
-class _Event:
-    index: int  # in the bundle's events
-    seq: int | None
-    run_seq: int
-    type: str
-    data: dict[str, Any]
-
-    @property
-    def path(self) -> str:
-        return f"events[{self.index}]"
-
-
-@dataclass
-class _StepRecord:
-    index: int  # in the bundle's steps
-    row: Row
-    events: list[_Event] = field(default_factory=list)  # by seq
-
-    @property
-    def step_id(self) -> str:
-        return str(self.row["step_id"])
-
-    @property
-    def path(self) -> str:
-        return f"steps[{self.index}]"
-
-    def of_type(self, *types: str) -> list[_Event]:
-        return [ev for ev in self.events if ev.type in types]
-
-    def refuse(self, message: str, *, field: str, ev: _Event | None = None) -> NoReturn:
-        _refuse(message, field=field, step_id=self.step_id, seq=None if ev is None else ev.seq)
 
 
 def check_record(
@@ -105,22 +62,25 @@ def check_record(
 
     Its rows have been decoded, and its step logs checked for gaps and grammar."""
     parsed = [_parse(i, ev) for i, ev in enumerate(events)]
-    records = [_StepRecord(i, row) for i, row in enumerate(steps)]
+    facts_by_id = {f["fact_id"]: (i, f) for i, f in enumerate(facts)}
+    checkpoints_by_id = {c["checkpoint_id"]: (i, c) for i, c in enumerate(checkpoints)}
+    records = [
+        StepRecord(i, row, run, facts=facts_by_id, checkpoints=checkpoints_by_id)
+        for i, row in enumerate(steps)
+    ]
     by_id = {r.step_id: r for r in records}
-    run_events: list[_Event] = []
+    run_events: list[RecordedEvent] = []
     for ev in parsed:
         if ev.data.get("step_id") is None:
             run_events.append(ev)
         else:
             by_id[ev.data["step_id"]].events.append(ev)
     _check_run(run, steps)
-    facts_by_id = {f["fact_id"]: (i, f) for i, f in enumerate(facts)}
-    checkpoints_by_id = {c["checkpoint_id"]: (i, c) for i, c in enumerate(checkpoints)}
     for i, checkpoint in enumerate(checkpoints):
         _check_state_hash(checkpoint, f"checkpoints[{i}]")
     for record in records:
         record.events.sort(key=lambda ev: ev.seq or 0)
-        _StepCheck(run, record, facts_by_id, checkpoints_by_id).check()
+        _StepCheck(record).check()
     for ev in run_events:
         _check_run_event(run, ev, facts_by_id)
     _check_usage(run, steps)
@@ -129,9 +89,9 @@ def check_record(
 # --- events ----------------------------------------------------------------------------
 
 
-def _parse(index: int, row: Row) -> _Event:
+def _parse(index: int, row: Row) -> RecordedEvent:
     data = orjson.loads(row["data"])  # a JSON object: checked with the rows
-    ev = _Event(index, row["seq"], row["run_seq"], row["type"], data)
+    ev = RecordedEvent(index, row["seq"], row["run_seq"], row["type"], data)
     model = _MODELS.get(ev.type)
     if model is None:
         _refuse(f"unknown event type {ev.type!r}", field=f"{ev.path}.type")
@@ -149,7 +109,7 @@ def _parse(index: int, row: Row) -> _Event:
     return ev
 
 
-def _check_run_event(run: Row, ev: _Event, facts: dict[str, tuple[int, Row]]) -> None:
+def _check_run_event(run: Row, ev: RecordedEvent, facts: Mapping[str, tuple[int, Row]]) -> None:
     if ev.type == "run_end":
         for key in ("run_id", "status"):
             if ev.data[key] != run[key]:
@@ -164,7 +124,11 @@ def _check_run_event(run: Row, ev: _Event, facts: dict[str, tuple[int, Row]]) ->
 
 
 def _check_fact_event(
-    ev: _Event, facts: dict[str, tuple[int, Row]], *, step: _StepRecord | None, required: bool
+    ev: RecordedEvent,
+    facts: Mapping[str, tuple[int, Row]],
+    *,
+    step: StepRecord | None,
+    required: bool,
 ) -> None:
     step_id = None if step is None else step.step_id
     found = facts.get(ev.data["fact_id"])
@@ -255,21 +219,15 @@ def _check_state_hash(checkpoint: Row, path: str) -> None:
 
 
 class _StepCheck:
-    def __init__(
-        self,
-        run: Row,
-        record: _StepRecord,
-        facts: dict[str, tuple[int, Row]],
-        checkpoints: dict[str, tuple[int, Row]],
-    ) -> None:
-        self.run = run
+    """What every step's record must agree with; its kind then checks its own output
+    (``StepKind.check_record``)."""
+
+    def __init__(self, record: StepRecord) -> None:
+        self.run = record.run
         self.record = record
         self.step = record.row
-        self.facts = facts
-        self.checkpoints = checkpoints
         self.tokens = record.of_type("token")
-        # a record run executed its steps; a replay run may serve another run's events
-        self.recorded_here = run["mode"] == "record"
+        self.recorded_here = record.recorded_here
 
     def check(self) -> None:
         self._order()
@@ -278,13 +236,14 @@ class _StepCheck:
         self._hashes()
         self._terminal()
         self._body_events()
+        kind_of(self.step["type"]).check_record(self.record)
 
-    def refuse(self, message: str, *, field: str, ev: _Event | None = None) -> NoReturn:
+    def refuse(self, message: str, *, field: str, ev: RecordedEvent | None = None) -> NoReturn:
         self.record.refuse(message, field=field, ev=ev)
 
     def _order(self) -> None:
         """The step's stream (by seq) and the run's (by run_seq) tell one order."""
-        last: _Event | None = None
+        last: RecordedEvent | None = None
         for ev in self.record.events:
             if last is not None and ev.run_seq < last.run_seq:
                 self.refuse(
@@ -370,7 +329,7 @@ class _StepCheck:
 
     def _hashes(self) -> None:
         """Each place that names the step's determinism inputs names the stored input's."""
-        places: list[tuple[dict[str, Any], str, _Event | None]] = []
+        places: list[tuple[dict[str, Any], str, RecordedEvent | None]] = []
         for ev in self.record.of_type("started"):
             places.append((ev.data, f"{ev.path}.data", ev))
         for ev in self.record.of_type("end", "error"):
@@ -454,7 +413,7 @@ class _StepCheck:
         if isinstance(provenance, dict):
             self._provenance(provenance, last)
 
-    def _provenance(self, provenance: dict[str, Any], last: _Event) -> None:
+    def _provenance(self, provenance: dict[str, Any], last: RecordedEvent) -> None:
         step, path = self.step, self.record.path
         n_tokens = len(self.tokens)
         if provenance["tokens_out"] != n_tokens:
@@ -494,21 +453,8 @@ class _StepCheck:
                 )
 
     def _body_events(self) -> None:
-        record, output = self.record, self.step["output"]
-        kind = kind_of(self.step["type"])
-        suggestions = [
-            {k: ev.data.get(k) for k in ("tool", "args", "valid", "errors")}
-            for ev in record.of_type("tool_suggest")
-        ]
-        if (
-            isinstance(output, dict)
-            and "suggestions" in output
-            and output["suggestions"] != suggestions
-        ):
-            self.refuse(
-                f"are not the step's {len(suggestions)} tool_suggest events",
-                field=f"{record.path}.output.suggestions",
-            )
+        """``fact`` and ``checkpoint`` events are the bundle's fact and checkpoint rows."""
+        record = self.record
         for ev in record.of_type("fact"):
             # a replay run's step serves the recorded events as they were (their facts named
             # the recorded step, and were copied anew)
@@ -518,21 +464,13 @@ class _StepCheck:
                     field=f"{ev.path}.data.emitted_by_step",
                     ev=ev,
                 )
-            _check_fact_event(ev, self.facts, step=record, required=self.recorded_here)
-            fact_type = ev.data["fact_type"]
-            disagrees = kind.output_disagrees(output, fact_type, ev.data["data"])
-            if disagrees is not None:
-                self.refuse(
-                    f"is not the {disagrees} in the step's {fact_type} fact event",
-                    field=f"{record.path}.output.{disagrees}",
-                    ev=ev,
-                )
+            _check_fact_event(ev, record.facts, step=record, required=self.recorded_here)
         for ev in record.of_type("checkpoint"):
-            self._checkpoint_event(ev, output)
+            self._checkpoint_event(ev)
 
-    def _checkpoint_event(self, ev: _Event, output: Any) -> None:
+    def _checkpoint_event(self, ev: RecordedEvent) -> None:
         record = self.record
-        found = self.checkpoints.get(ev.data["checkpoint_id"])
+        found = record.checkpoints.get(ev.data["checkpoint_id"])
         if found is None:
             if self.recorded_here:
                 self.refuse(
@@ -553,11 +491,3 @@ class _StepCheck:
                     field=f"checkpoints[{i}].{key}",
                     ev=ev,
                 )
-        if isinstance(output, dict) and "checkpoint_id" in output:
-            for key in ("checkpoint_id", "state_hash"):
-                if output.get(key) != ev.data[key]:
-                    self.refuse(
-                        f"differs from the step's checkpoint event (seq {ev.seq})",
-                        field=f"{record.path}.output.{key}",
-                        ev=ev,
-                    )

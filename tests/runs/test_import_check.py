@@ -7,13 +7,18 @@ import copy
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import httpx
 import orjson
 import pytest
+import sqlalchemy as sa
 
+from orchestratord.db.models import Step
 from orchestratord.runtime import Orchestrator
+from orchestratord.steps.kinds import KINDS
+from orchestratord.steps.kinds.checkpoint import CheckpointStep
+from orchestratord.steps.kinds.record import StepRecord
 from tests.conftest import TABLES
 from tests.helpers import make_flow, make_run, submit, tokens_committed, wait_status
 from tests.runs.test_transfer import Server, export, row_counts, serve
@@ -422,3 +427,48 @@ async def test_forged_records_are_refused_naming_what_disagrees_and_store_nothin
             assert body["details"]["seq"] == want.seq, (forge.__name__, r.text)
     assert await row_counts(second.orch) == dict.fromkeys(TABLES, 0)
     assert (await second.client.post("/v1/runs:import", json=bundle)).status_code == 201
+
+
+class Stamped(CheckpointStep):
+    """A kind made up here, registered by the test alone: a checkpoint whose output must
+    carry a stamp. Its record rule lives with it, as every kind's does."""
+
+    step_type: ClassVar[str] = "stamped"
+
+    def check_record(self, record: StepRecord) -> None:
+        super().check_record(record)
+        if record.output.get("stamp") != "ok":
+            record.refuse("is not stamped", field=f"{record.path}.output.stamp")
+
+
+async def test_a_kinds_record_rule_is_its_own_and_import_knows_the_registered_kinds(
+    client: httpx.AsyncClient, second: Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    flow_id = await make_flow(client, ast={"program": "stamped"})
+    run_id = await make_run(client, flow_id)
+    step_id = await step(client, run_id, "checkpoint", "ck", state={"k": 1})
+    done = await client.post(f"/v1/runs/{run_id}/complete", json={"status": "succeeded"})
+    assert done.status_code == 200, done.text
+    bundle = await export(client, run_id)
+    s = step_index(bundle, step_id)
+    bundle["steps"][s]["type"] = "stamped"
+
+    r = await second.client.post("/v1/runs:import", json=bundle)  # no such kind here
+    assert r.status_code == 422, r.text
+    assert r.json()["details"]["errors"][0]["field"] == f"steps[{s}].type"
+
+    monkeypatch.setitem(KINDS, "stamped", Stamped())
+    r = await second.client.post("/v1/runs:import", json=bundle)
+    assert r.status_code == 422, r.text
+    body = r.json()
+    assert body["details"]["errors"][0]["field"] == f"steps[{s}].output.stamp"
+    assert body["message"] == f"steps[{s}].output.stamp: is not stamped (step {step_id})"
+    assert body["details"]["step_id"] == step_id
+    assert await row_counts(second.orch) == dict.fromkeys(TABLES, 0)
+
+    bundle["steps"][s]["output"]["stamp"] = "ok"
+    r = await second.client.post("/v1/runs:import", json=bundle)
+    assert r.status_code == 201, r.text
+    async with second.orch.db.read() as session:
+        row = (await session.execute(sa.select(Step).where(Step.step_id == step_id))).scalar_one()
+    assert (row.type, row.output) == ("stamped", bundle["steps"][s]["output"])

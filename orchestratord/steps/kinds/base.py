@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from orchestratord.db.models import Flow, Run, Step
     from orchestratord.eventlog import StepLog
     from orchestratord.pools.registry import Pool, Replica
+    from orchestratord.steps.kinds.record import StepRecord
     from orchestratord.steps.services import KindServices
 
 escalation_log = logging.getLogger("orchestratord.escalations")
@@ -103,7 +104,8 @@ class StepKind(Protocol):
         """Run the step: emit ``started`` and its body events, return how it ended."""
         ...
 
-    def output_disagrees(self, output: Any, fact_type: str, data: Any) -> str | None:
-        """A record's check (imports): the output field that disagrees with a fact of type
-        ``fact_type`` holding ``data`` which the step emitted, else None."""
+    def check_record(self, record: StepRecord) -> None:
+        """An import's check of what this kind makes of its events (a plan's suggestions, a
+        checkpoint's id): refuse with ``record.refuse`` naming the field that disagrees. What
+        every step's record must agree with is checked before (``runs.transfer_checks``)."""
         ...

@@ -23,6 +23,7 @@ from orchestratord.runs.service import get_run
 from orchestratord.steps.ending import Ending
 from orchestratord.steps.kinds.base import StepContext
 from orchestratord.steps.kinds.control import ControlKind, ControlRun, input_key
+from orchestratord.steps.kinds.record import StepRecord
 
 
 class CheckpointStep(ControlKind):
@@ -36,6 +37,22 @@ class CheckpointStep(ControlKind):
 
     def replay_key(self, stored: dict[str, Any], seed: int) -> StepKey:
         return input_key(self.step_type, stored["state"], seed)
+
+    def check_record(self, record: StepRecord) -> None:
+        """Its output names the checkpoint its ``checkpoint`` event announced."""
+        output = record.output
+        if not isinstance(output, dict) or "checkpoint_id" not in output:
+            return
+        for ev in record.of_type("checkpoint"):
+            if ev.data["checkpoint_id"] not in record.checkpoints:
+                continue  # a replay step's served event: the checkpoint is the recorded run's
+            for key in ("checkpoint_id", "state_hash"):
+                if output.get(key) != ev.data[key]:
+                    record.refuse(
+                        f"differs from the step's checkpoint event (seq {ev.seq})",
+                        field=f"{record.path}.output.{key}",
+                        ev=ev,
+                    )
 
     async def execute(self, ctx: StepContext) -> Ending:
         step = ctx.step

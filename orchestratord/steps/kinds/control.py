@@ -15,6 +15,7 @@ from orchestratord.db.models import Fact, Run, Step
 from orchestratord.facts.rows import fact_row
 from orchestratord.steps.ending import Ending
 from orchestratord.steps.kinds.base import StepContext
+from orchestratord.steps.kinds.record import StepRecord
 
 NO_PARAMS = sha256_of({})
 
@@ -50,8 +51,8 @@ class ControlKind:
     def replay_key(self, stored: dict[str, Any], seed: int) -> StepKey:
         return input_key(self.step_type, stored, seed)
 
-    def output_disagrees(self, output: Any, fact_type: str, data: Any) -> str | None:
-        return None
+    def check_record(self, record: StepRecord) -> None:
+        """Nothing of its own beyond what every step's record is checked for."""
 
 
 def new_fact(ctx: StepContext, fact_type: str, data: Any) -> Fact:

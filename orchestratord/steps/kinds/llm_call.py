@@ -48,6 +48,7 @@ from orchestratord.policies import policy_of
 from orchestratord.replay.steps import load_recorded_stream
 from orchestratord.steps.ending import Ending
 from orchestratord.steps.kinds.base import StepContext
+from orchestratord.steps.kinds.record import StepRecord
 from worker_adapters import AdapterError, EngineUnavailable, Finish, GenerationRequest, Token
 from worker_adapters.sessions import RankedToken
 
@@ -116,8 +117,8 @@ class LlmCall:
     async def execute(self, ctx: StepContext) -> Ending:
         return await _LlmRun(self, ctx).run()
 
-    def output_disagrees(self, output: Any, fact_type: str, data: Any) -> str | None:
-        return None
+    def check_record(self, record: StepRecord) -> None:
+        """Its text and token ids are its tokens': checked for every step that streams."""
 
 
 class _LlmRun:

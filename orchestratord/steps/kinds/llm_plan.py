@@ -26,6 +26,7 @@ from orchestratord.db.models import Flow
 from orchestratord.policies import policy_of
 from orchestratord.steps.kinds.base import StepContext
 from orchestratord.steps.kinds.llm_call import LlmCall
+from orchestratord.steps.kinds.record import StepRecord
 from orchestratord.steps.kinds.tool_call import find_tool, unknown_tool
 
 
@@ -72,6 +73,21 @@ class LlmPlan(LlmCall):
         return normalize_llm_input(
             prompt=prompt, messages=messages, params=params, model=stored.get("model")
         )
+
+    def check_record(self, record: StepRecord) -> None:
+        """Its ``output.suggestions`` are its ``tool_suggest`` events, in order."""
+        output = record.output
+        if not isinstance(output, dict) or "suggestions" not in output:
+            return
+        suggestions = [
+            {k: ev.data.get(k) for k in ("tool", "args", "valid", "errors")}
+            for ev in record.of_type("tool_suggest")
+        ]
+        if output["suggestions"] != suggestions:
+            record.refuse(
+                f"are not the step's {len(suggestions)} tool_suggest events",
+                field=f"{record.path}.output.suggestions",
+            )
 
     def after_stream(
         self, ctx: StepContext, stored: dict[str, Any], text: str, stop_reason: str

@@ -33,6 +33,7 @@ from orchestratord.policies import policy_of
 from orchestratord.steps.ending import Ending
 from orchestratord.steps.kinds.base import StepContext
 from orchestratord.steps.kinds.control import ControlKind, ControlRun, input_key, new_fact
+from orchestratord.steps.kinds.record import StepRecord
 from orchestratord.tools.errors import ToolFailure
 from orchestratord.tools.executors import ToolInvocation
 
@@ -97,17 +98,23 @@ class ToolCall(ControlKind):
     ) -> PolicySubject:
         return PolicySubject(step_type=self.step_type, tool=stored["tool"])
 
-    def output_disagrees(self, output: Any, fact_type: str, data: Any) -> str | None:
+    def check_record(self, record: StepRecord) -> None:
         """Its output's ``result`` is the result in its ``tool_result`` fact."""
-        if (
-            fact_type == "tool_result"
-            and isinstance(output, dict)
-            and "result" in output
-            and isinstance(data, dict)
-            and data.get("result") != output["result"]
-        ):
-            return "result"
-        return None
+        output = record.output
+        if not isinstance(output, dict) or "result" not in output:
+            return
+        for ev in record.of_type("fact"):
+            data = ev.data["data"]
+            if (
+                ev.data["fact_type"] == "tool_result"
+                and isinstance(data, dict)
+                and data.get("result") != output["result"]
+            ):
+                record.refuse(
+                    "is not the result in the step's tool_result fact event",
+                    field=f"{record.path}.output.result",
+                    ev=ev,
+                )
 
     def replay_key(self, stored: dict[str, Any], seed: int) -> StepKey:
         return input_key(self.step_type, {"tool": stored["tool"], "args": stored["args"]}, seed)
