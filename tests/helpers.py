@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 import orjson
@@ -230,3 +230,108 @@ def trace_executions(engine: Any, *, task: str | None = None) -> Iterator[list[s
         yield seen
     finally:
         event.remove(sync_engine, "before_cursor_execute", before)
+
+
+class DispatcherWake(asyncio.Event):
+    """A dispatcher's wake-up that says (``idle``) when the dispatcher waits for one with
+    none pending: the round the last one asked for is over, and nothing else is to do.
+    Install it before the service starts (``orch.dispatcher._wake = DispatcherWake()``):
+    the loop waits on the event it found."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.idle = asyncio.Event()
+
+    async def wait(self) -> Literal[True]:
+        if not self.is_set():
+            self.idle.set()
+        try:
+            return await super().wait()
+        finally:
+            self.idle.clear()
+
+    def set(self) -> None:
+        self.idle.clear()
+        super().set()
+
+
+async def dispatcher_settled(orch: Any) -> None:
+    """Until the dispatcher (its wake-up a ``DispatcherWake``) has nothing to do: its
+    steps' executions over (each ended one may wake it), then every round asked for run."""
+    tasks = [e.task for e in orch.dispatcher.executions.values() if e.task is not None]
+    if tasks:
+        await asyncio.wait(tasks, timeout=30)
+    wake = orch.dispatcher._wake
+    assert isinstance(wake, DispatcherWake), "install a DispatcherWake before the start"
+    await asyncio.wait_for(wake.idle.wait(), 30)
+
+
+def follower_waits(orch: Any, monkeypatch: pytest.MonkeyPatch) -> asyncio.Event:
+    """Set when a follower of a stream on ``orch`` has read all there is and waits on its
+    hub for more."""
+    from orchestratord.streams.hub import Channel
+
+    waits = asyncio.Event()
+    real = Channel.wait
+    hub = orch.hub
+
+    async def wait(self: Channel, cursor: int, timeout: float) -> bool:
+        if self in (*hub._runs.values(), *hub._steps.values()):
+            waits.set()
+        return await real(self, cursor, timeout)
+
+    monkeypatch.setattr(Channel, "wait", wait)
+    return waits
+
+
+def when_called(
+    owner: Any, name: str, monkeypatch: pytest.MonkeyPatch, done: Callable[..., bool]
+) -> asyncio.Event:
+    """Set once a call of ``owner.name`` returns and ``done(*args)`` holds then (``owner``
+    an instance: its attribute is replaced for the test)."""
+    called = asyncio.Event()
+    real = getattr(owner, name)
+
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        result = real(*args, **kwargs)
+        if done(*args, **kwargs):
+            called.set()
+        return result
+
+    monkeypatch.setattr(owner, name, wrapped)
+    return called
+
+
+class StreamsWatch:
+    """Says when the streams open on ``orch`` change: a follower subscribes to its hub or
+    leaves it, a key's stream opens or closes. ``until(done)`` checks ``done()`` at each
+    such change, not on a timer."""
+
+    _CALLS = {
+        "hub": ("subscribe_step", "unsubscribe_step", "subscribe_run", "unsubscribe_run"),
+        "key_streams": ("open", "close"),
+    }
+
+    def __init__(self, orch: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+        self._changed = asyncio.Event()
+        for owner, names in self._CALLS.items():
+            for name in names:
+                monkeypatch.setattr(getattr(orch, owner), name, self._noted(orch, owner, name))
+
+    def _noted(self, orch: Any, owner: str, name: str) -> Callable[..., Any]:
+        real = getattr(getattr(orch, owner), name)
+
+        def noted(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return real(*args, **kwargs)
+            finally:
+                self._changed.set()
+
+        return noted
+
+    async def until(self, done: Callable[[], bool], timeout_s: float = 10.0) -> None:
+        """Until ``done()`` holds (checked now and at each change), or fail."""
+        async with asyncio.timeout(timeout_s):
+            while not done():
+                self._changed.clear()
+                await self._changed.wait()

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any, Literal
+from typing import Any
 
 import httpx
 import pytest
@@ -20,7 +20,7 @@ from orchestratord.db.engine import Database
 from orchestratord.runtime import Orchestrator
 from orchestratord.steps.queries import claim_queued, queued_lanes
 from tests.conftest import TABLES, make_settings
-from tests.helpers import make_run, submit, wait_status
+from tests.helpers import DispatcherWake, dispatcher_settled, make_run, submit, wait_status
 
 pytestmark = pytest.mark.postgres
 
@@ -59,43 +59,11 @@ async def _truncate(url: str) -> None:
     await db.dispose()
 
 
-class _Wake(asyncio.Event):
-    """The dispatcher's wake-up, saying (``idle``) when the dispatcher waits for one with
-    none pending: the round the last one asked for is over, and nothing else is to do."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.idle = asyncio.Event()
-
-    async def wait(self) -> Literal[True]:
-        if not self.is_set():
-            self.idle.set()
-        try:
-            return await super().wait()
-        finally:
-            self.idle.clear()
-
-    def set(self) -> None:
-        self.idle.clear()
-        super().set()
-
-
-async def _settled(orch: Orchestrator) -> None:
-    """Until the dispatcher has nothing to do: its steps' executions over (each ended one
-    may wake it), then every round asked for run."""
-    tasks = [e.task for e in orch.dispatcher.executions.values() if e.task is not None]
-    if tasks:
-        await asyncio.wait(tasks, timeout=30)
-    wake = orch.dispatcher._wake
-    assert isinstance(wake, _Wake)
-    await asyncio.wait_for(wake.idle.wait(), 30)
-
-
 @pytest.fixture
 async def service(pg_url: str) -> AsyncIterator[tuple[Orchestrator, httpx.AsyncClient]]:
     await _truncate(pg_url)
     orch = Orchestrator(make_settings(pg_url, dispatch={"poll_s": 60.0}, health_interval_s=3600.0))
-    orch.dispatcher._wake = _Wake()  # before its loop waits on it
+    orch.dispatcher._wake = DispatcherWake()  # before its loop waits on it
     await orch.start()
     try:
         transport = httpx.ASGITransport(app=create_app(orchestrator=orch))
@@ -115,14 +83,14 @@ async def test_steps_that_end_leave_no_claim_round_within_poll_s(
     run_id = await make_run(c)
     step_id = (await submit(c, run_id, token="warm", max_tokens=2)).json()["step_id"]
     await wait_status(c, step_id, "succeeded")
-    await _settled(orch)
+    await dispatcher_settled(orch)
     rounds.clear()
     looks.clear()
     for i in range(5):
         r = await submit(c, run_id, token=f"t{i}", max_tokens=2)
         assert r.json()["status"] == "running"  # started with its submission
         await wait_status(c, r.json()["step_id"], "succeeded")
-    await _settled(orch)
+    await dispatcher_settled(orch)
     # the warm-up's round looked less than poll_s (60 s) ago and found the queue empty
     assert (looks, [p for p in rounds if p is not None]) == ([], [])
     # once poll_s has passed, a freed slot looks again (another process may have queued):
@@ -130,7 +98,7 @@ async def test_steps_that_end_leave_no_claim_round_within_poll_s(
     orch.dispatcher._looked["local"] -= 120.0
     r = await submit(c, run_id, token="late", max_tokens=2)
     await wait_status(c, r.json()["step_id"], "succeeded")
-    await _settled(orch)
+    await dispatcher_settled(orch)
     assert (looks, [p for p in rounds if p is not None]) == ([set()], [])
     assert orch.dispatcher._looked["local"] > asyncio.get_running_loop().time() - 60.0
 

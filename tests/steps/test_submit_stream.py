@@ -16,7 +16,7 @@ from orchestratord.auth import store
 from orchestratord.runtime import Orchestrator
 from orchestratord.settings import Settings
 from tests.conftest import make_settings
-from tests.helpers import SseEvent, make_run, parse_sse, read_stream, until, wait_status
+from tests.helpers import SseEvent, StreamsWatch, make_run, parse_sse, read_stream, wait_status
 
 SSE = {"Accept": "text/event-stream"}
 
@@ -123,11 +123,12 @@ async def test_refusals_before_the_step_are_json_errors(live: httpx.AsyncClient)
 
 
 async def test_leaving_the_submissions_stream_cancels_as_leaving_any_stream(
-    live: httpx.AsyncClient, orch: Orchestrator
+    live: httpx.AsyncClient, orch: Orchestrator, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """cancel_on_disconnect holds for the stream a submission answers with: its client
     leaving mid-step cancels the step (and, without it, does not)."""
     orch.pools.pools["local"].replicas[0].adapter.tokens_per_s = 50.0  # type: ignore[attr-defined]
+    streams = StreamsWatch(orch, monkeypatch)
     for cancels in (True, False):
         run_id = await make_run(live, cancel_on_disconnect=cancels)
         path = f"/v1/runs/{run_id}/steps"
@@ -140,7 +141,7 @@ async def test_leaving_the_submissions_stream_cancels_as_leaving_any_stream(
             step = await wait_status(live, step_id, "cancelled")
             assert step["output"]["stop_reason"] == "cancelled"
         else:
-            await until(lambda sid=step_id: orch.hub.followers(sid) == 0)
+            await streams.until(lambda: orch.hub.followers(step_id) == 0)  # noqa: B023
             assert (await live.get(f"/v1/steps/{step_id}")).json()["status"] == "running"
             await live.post(f"/v1/steps/{step_id}/cancel")
 
@@ -157,10 +158,11 @@ def settings(db_url: str) -> Settings:
 
 
 async def test_a_stream_past_the_process_limit_makes_no_step(
-    orch: Orchestrator, live: httpx.AsyncClient
+    orch: Orchestrator, live: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The stream is admitted before the step is made: refused, nothing runs; a retry once a
     place is free gets its stream."""
+    streams = StreamsWatch(orch, monkeypatch)
     run_id = await make_run(live)
     path = f"/v1/runs/{run_id}/steps"
 
@@ -170,7 +172,7 @@ async def test_a_stream_past_the_process_limit_makes_no_step(
                 pass
 
     holders = [asyncio.create_task(hold(t)) for t in ("a", "b")]
-    await until(lambda: orch.hub.open_streams() == 2)
+    await streams.until(lambda: orch.hub.open_streams() == 2)
     refused, _ = await _submit_streamed(live, path, _body("c"))
     assert refused.status_code == 429
     assert refused.json()["details"]["limit"] == "stream.max_followers"
@@ -178,14 +180,15 @@ async def test_a_stream_past_the_process_limit_makes_no_step(
     for task in holders:
         task.cancel()
     await asyncio.gather(*holders, return_exceptions=True)
-    await until(lambda: orch.hub.open_streams() == 0)
+    await streams.until(lambda: orch.hub.open_streams() == 0)
     retried, events = await _submit_streamed(live, path, _body("c"))
     assert retried.status_code == 202 and events[-1].event == "end"
 
 
 async def test_a_keys_streams_count_the_submissions_streams(
-    orch: Orchestrator, live: httpx.AsyncClient
+    orch: Orchestrator, live: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    streams = StreamsWatch(orch, monkeypatch)
     async with orch.db.write() as session:
         key = await store.create(session, scope=Scope.WRITE, name=None)
     live.headers["Authorization"] = f"Bearer {key}"
@@ -201,7 +204,7 @@ async def test_a_keys_streams_count_the_submissions_streams(
         # a submission refused after its stream was admitted gives its place back
         missing, _ = await _submit_streamed(live, "/v1/runs/run_none/steps", _body("c"))
         assert missing.status_code == 429  # still the key's limit: checked first
-    await until(lambda: orch.key_streams.count(key_id) == 0)
+    await streams.until(lambda: orch.key_streams.count(key_id) == 0)
     missing, _ = await _submit_streamed(live, "/v1/runs/run_none/steps", _body("c"))
     assert missing.status_code == 404
     assert orch.key_streams.count(key_id) == 0

@@ -17,13 +17,14 @@ from test_harness.servers import serve_app
 from tests.conftest import make_settings
 from tests.helpers import (
     SseEvent,
+    StreamsWatch,
     make_run,
     parse_sse,
     read_run_stream,
     read_stream,
     submit,
-    until,
     wait_status,
+    when_called,
 )
 
 BODY = {"token", "tool_suggest", "fact", "metrics", "narration"}
@@ -136,18 +137,16 @@ async def test_slow_reader_loses_nothing(db_url: str) -> None:
 
 
 async def test_disconnect_releases_the_follower(
-    live: httpx.AsyncClient, orch: Orchestrator
+    live: httpx.AsyncClient, orch: Orchestrator, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     orch.pools.pools["local"].replicas[0].adapter.tokens_per_s = 50.0  # type: ignore[attr-defined]
     run_id = await make_run(live)
     step_id = (await submit(live, run_id, max_tokens=200)).json()["step_id"]
+    left = when_called(orch.hub, "unsubscribe_step", monkeypatch, lambda s: s == step_id)
     async with live.stream("GET", f"/v1/steps/{step_id}/stream") as r:
         async for _chunk in r.aiter_bytes():
             break
-    for _ in range(100):
-        if orch.hub.followers(step_id) == 0:
-            break
-        await asyncio.sleep(0.02)
+    await asyncio.wait_for(left.wait(), 10)  # the server saw the client go
     assert orch.hub.followers(step_id) == 0
     # the default does not cancel on disconnect: the step still runs to its end
     step = (await live.get(f"/v1/steps/{step_id}")).json()
@@ -335,7 +334,9 @@ async def test_idle_followers_read_the_log_only_when_they_cannot_be_woken(
         assert await idle_reads() >= 2
 
 
-async def test_streams_past_the_limits_are_refused_naming_the_limit(db_url: str) -> None:
+async def test_streams_past_the_limits_are_refused_naming_the_limit(
+    db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """One step's open streams, and the process's, are capped: 429 LIMIT_EXCEEDED, retriable,
     naming the setting; a stream that ends frees its place."""
     settings = make_settings(
@@ -345,6 +346,7 @@ async def test_streams_past_the_limits_are_refused_naming_the_limit(db_url: str)
     )
     orch = Orchestrator(settings)
     await orch.start()
+    streams = StreamsWatch(orch, monkeypatch)
 
     try:
         async with (
@@ -361,7 +363,7 @@ async def test_streams_past_the_limits_are_refused_naming_the_limit(db_url: str)
                         pass  # a client reading on
 
             readers = [asyncio.create_task(follow(path)) for _ in range(2)]
-            await until(lambda: orch.hub.followers(step_id) == 2)
+            await streams.until(lambda: orch.hub.followers(step_id) == 2)
             refused = await client.get(path)
             assert refused.status_code == 429
             body = refused.json()
@@ -369,14 +371,14 @@ async def test_streams_past_the_limits_are_refused_naming_the_limit(db_url: str)
             assert body["details"]["limit"] == "stream.max_followers_per_step"
             assert body["retry_after_ms"] > 0 and refused.headers["Retry-After"]
             readers.append(asyncio.create_task(follow(f"/v1/runs/{run_id}/stream")))
-            await until(lambda: orch.hub.open_streams() == 3)
+            await streams.until(lambda: orch.hub.open_streams() == 3)
             other = await client.get(f"/v1/runs/{run_id}/stream")
             assert other.status_code == 429
             assert other.json()["details"]["limit"] == "stream.max_followers"
             for task in readers:
                 task.cancel()
             await asyncio.gather(*readers, return_exceptions=True)
-            await until(lambda: orch.hub.open_streams() == 0)  # closed streams free places
+            await streams.until(lambda: orch.hub.open_streams() == 0)  # closed streams free places
             await client.post(f"/v1/steps/{step_id}/cancel")
             again = await client.get(path)  # the step has ended: its whole log, then closed
             assert again.status_code == 200 and "event: end" in again.text

@@ -14,10 +14,9 @@ from orchestratord.api.app import create_app
 from orchestratord.db.engine import Database
 from orchestratord.eventlog import LogEvent, wake_payload
 from orchestratord.runtime import Orchestrator
-from orchestratord.streams.hub import Channel
 from orchestratord.streams.sse import follow_run, follow_step
 from tests.conftest import TABLES, make_settings
-from tests.helpers import make_run, submit, trace_asyncpg, wait_status
+from tests.helpers import follower_waits, make_run, submit, trace_asyncpg, wait_status
 
 _FENCE = "fence"  # a payload no process sends: no process's origin, and it names no key
 
@@ -50,21 +49,6 @@ async def pair(pg_url: str, tmp_path: Path) -> AsyncIterator[tuple[Orchestrator,
         await _truncate(pg_url)
 
 
-def _waits_on(orch: Orchestrator, monkeypatch: pytest.MonkeyPatch) -> asyncio.Event:
-    """Set when a follower on ``orch`` has read all there is and waits on its hub."""
-    asleep = asyncio.Event()
-    real = Channel.wait
-    hub = orch.hub
-
-    async def wait(self: Channel, cursor: int, timeout: float) -> bool:
-        if self in (*hub._runs.values(), *hub._steps.values()):
-            asleep.set()
-        return await real(self, cursor, timeout)
-
-    monkeypatch.setattr(Channel, "wait", wait)
-    return asleep
-
-
 async def _truncate(url: str) -> None:
     db = Database(url)
     async with db.engine.begin() as conn:
@@ -78,7 +62,7 @@ async def test_a_follower_on_one_process_streams_a_step_run_by_another(
 ) -> None:
     a, b = pair
     assert b.wakeups is not None and b.wakeups.live
-    asleep = _waits_on(b, monkeypatch)
+    asleep = follower_waits(b, monkeypatch)
     async with httpx.AsyncClient(
         transport=httpx.ASGITransport(app=create_app(orchestrator=a)), base_url="http://a"
     ) as client:
