@@ -9,14 +9,23 @@ measured with one client reading one engine over loopback). What it does:
   the last one put back is used first; one that the engine closed while idle is dropped,
   and a request whose reused connection closed before any answer is sent once more on a new
   one (the engine closed it as the request went out, most likely unread);
-* interim (1xx) responses skipped, a chunked body's trailers kept out of the headers;
+* interim (1xx) responses skipped, a chunked body's trailers kept out of the headers, a
+  header's value without the spaces around it, an HTTP/1.0 connection never kept;
 * ``http`` and ``https``; bodies by ``Content-Length``, chunked, or ending at close;
 * a connect timeout, and a read timeout on every wait for bytes;
 * back-pressure: reading pauses while more than 256 KiB are read and not taken;
 * a response closed before its end (a cancelled generation) closes its connection, so the
   engine sees the client leave and frees the slot.
 
-Not: proxies, redirects, cookies, compression, HTTP/2, ``Expect: 100-continue``, ``HEAD``.
+An engine that the standard proxy variables send through a proxy (``HTTP_PROXY``,
+``HTTPS_PROXY``, ``ALL_PROXY``, less ``NO_PROXY``: :func:`proxy_for`) is read by httpx
+instead, which speaks to proxies (an absolute target for ``http``, a ``CONNECT`` tunnel for
+``https``), behind the same interface, errors and results; whether a client goes through a
+proxy is decided once, when it is made, so the direct path costs no more for it.
+``tests/adapters/test_http1_vs_httpx.py`` reads the same bytes through this client and
+through httpx and expects the same results.
+
+Not: redirects, cookies, compression, HTTP/2, ``Expect: 100-continue``, ``HEAD``.
 Errors are this module's: :class:`ConnectFailed`, :class:`TimedOut`, :class:`Broken`.
 """
 
@@ -24,15 +33,19 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import logging
 import ssl
+import urllib.request
 from collections import deque
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import cast
+from http.cookiejar import CookieJar, DefaultCookiePolicy
+from typing import Any, cast
 from urllib.parse import unquote, urlsplit
 
 import httptools
+import httpx
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +128,8 @@ class _Connection(asyncio.Protocol):
 
     def on_header(self, name: bytes, value: bytes) -> None:
         if not self.head_done:  # after the head: a chunked body's trailer, not a header
-            self.headers.append((name.lower(), value))
+            # the parser drops the spaces before a value, not those after it (RFC 9110 5.5)
+            self.headers.append((name.lower(), value.rstrip(b" \t")))
 
     def on_headers_complete(self) -> None:
         status = self.parser.get_status_code()
@@ -140,7 +154,10 @@ class _Connection(asyncio.Protocol):
             self.interim = False
             return
         self.complete = True
-        self.keep_alive = self.parser.should_keep_alive()
+        # an HTTP/1.0 peer's "keep-alive" is not trusted (as httpx does not)
+        self.keep_alive = (
+            self.parser.should_keep_alive() and self.parser.get_http_version() != "1.0"
+        )
         self.wake()
 
     # for the client
@@ -189,13 +206,9 @@ class _Connection(asyncio.Protocol):
 class Response:
     """A response whose head has arrived; its body is read with :meth:`chunks`."""
 
-    def __init__(self, conn: _Connection, url: str, timeout_s: float) -> None:
-        self._conn = conn
-        self.url = url
-        self.status: int = conn.status
-        self.headers = conn.headers
-        self._timeout_s = timeout_s
-        self._closed = False
+    url: str
+    status: int
+    headers: list[tuple[bytes, bytes]]  # names in lower case, in the order received
 
     def header(self, name: str) -> str | None:
         key = name.lower().encode("latin-1")
@@ -204,8 +217,29 @@ class Response:
                 return v.decode("latin-1")
         return None
 
-    async def chunks(self) -> AsyncIterator[bytes]:
+    def chunks(self) -> AsyncIterator[bytes]:
         """The body's bytes as they arrive (chunked encoding already removed)."""
+        raise NotImplementedError
+
+    async def read(self) -> bytes:
+        return b"".join([chunk async for chunk in self.chunks()])
+
+    def close(self) -> None:
+        """Stop reading: a response not read to its end takes its connection with it, so the
+        engine sees the client leave. Safe from any task, and more than once."""
+        raise NotImplementedError
+
+
+class _DirectResponse(Response):
+    def __init__(self, conn: _Connection, url: str, timeout_s: float) -> None:
+        self._conn = conn
+        self.url = url
+        self.status = conn.status
+        self.headers = conn.headers
+        self._timeout_s = timeout_s
+        self._closed = False
+
+    async def chunks(self) -> AsyncIterator[bytes]:
         conn = self._conn
         while True:
             if conn.chunks:
@@ -217,12 +251,7 @@ class Response:
             else:
                 await conn.wait(self._timeout_s, f"{self.url}: no bytes in {self._timeout_s:g} s")
 
-    async def read(self) -> bytes:
-        return b"".join([chunk async for chunk in self.chunks()])
-
     def close(self) -> None:
-        """Stop reading: a response not read to its end takes its connection with it, so the
-        engine sees the client leave. Safe from any task, and more than once."""
         if self._closed:
             return
         self._closed = True
@@ -233,6 +262,165 @@ class Response:
     def reusable(self) -> bool:
         c = self._conn
         return c.complete and c.keep_alive and not c.closed and c.error is None
+
+
+def proxy_for(url: str) -> str | None:
+    """The forward proxy that the standard variables name for ``url`` (``HTTP_PROXY``,
+    ``HTTPS_PROXY``, ``ALL_PROXY``, in either case, unless ``NO_PROXY`` names its host), or
+    None. Read through the standard library, as urllib, httpx and curl read them."""
+    # Not a setting: the only environment read outside orchestratord/settings.py. These
+    # variables are the platform's convention for every HTTP client on the host, and an
+    # operator behind a corporate proxy expects them honoured as every other client does.
+    parts = urlsplit(url)
+    proxies = urllib.request.getproxies()
+    proxy = proxies.get(parts.scheme) or proxies.get("all")
+    if not proxy or urllib.request.proxy_bypass(parts.netloc.rpartition("@")[2]):
+        return None
+    return proxy if "://" in proxy else f"http://{proxy}"
+
+
+class _ProxiedResponse(Response):
+    """A response read by httpx through a proxy."""
+
+    def __init__(self, raw: httpx.Response, url: str, timeout_s: float) -> None:
+        self._raw = raw
+        self.url = url
+        self.status = raw.status_code
+        self.headers = [(k.lower(), v) for k, v in raw.headers.raw]
+        self._timeout_s = timeout_s
+        self._body = raw.aiter_raw()
+        self._reader: asyncio.Task[Any] | None = None  # the task waiting for bytes, if any
+        self._closing: asyncio.Task[None] | None = None
+        self._complete = self._closed = self._interrupted = False
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        while not self._complete:
+            if self._closed:
+                raise Broken(f"{self.url}: the response was closed")
+            reader = self._reader = asyncio.current_task()
+            try:
+                chunk = await anext(self._body)
+            except StopAsyncIteration:
+                self._complete = True
+                return
+            except asyncio.CancelledError:
+                # cancelled by close() alone: the end of this response, not of the task
+                if self._interrupted and reader is not None and reader.uncancel() == 0:
+                    raise Broken(f"{self.url}: the response was closed") from None
+                raise
+            except httpx.HTTPError as exc:
+                raise _translated(exc, self.url, self._timeout_s, head=False) from exc
+            finally:
+                self._reader = None
+            yield chunk
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._complete:
+            return
+        if self._reader is not None:
+            # httpx closes a connection whose response was cut short by a cancellation
+            self._interrupted = True
+            self._reader.cancel()
+        else:
+            self._closing = asyncio.get_running_loop().create_task(_close_quietly(self._raw))
+
+    async def aclose(self) -> None:
+        """At the end of the request's block: the connection back to the pool if the body
+        was read to its end, closed otherwise."""
+        self._closed = True
+        await (self._closing or _close_quietly(self._raw))
+
+
+async def _close_quietly(raw: httpx.Response) -> None:
+    with contextlib.suppress(httpx.HTTPError):  # the connection is dropped: nothing to read
+        await raw.aclose()
+
+
+def _translated(exc: httpx.HTTPError, url: str, timeout_s: float, *, head: bool) -> HttpError:
+    """httpx's error as this module's, as the direct path would have raised it."""
+    why = str(exc) or type(exc).__name__
+    if isinstance(exc, httpx.PoolTimeout):
+        return TimedOut(f"{url}: no connection free in {timeout_s:g} s")
+    if isinstance(exc, httpx.TimeoutException):
+        return TimedOut(f"{url}: no {'answer' if head else 'bytes'} in {timeout_s:g} s")
+    if isinstance(exc, httpx.ConnectError | httpx.ProxyError):  # not the proxy's URL: secrets
+        return ConnectFailed(f"cannot connect to {url} through the proxy: {why}")
+    return Broken(f"{url}: {why}")
+
+
+class _Proxied:
+    """Requests to one origin through a forward proxy, made by httpx."""
+
+    def __init__(
+        self,
+        proxy: str,
+        origin: str,
+        headers: dict[str, str],
+        ssl_context: ssl.SSLContext | None,
+        connect_timeout_s: float,
+        read_timeout_s: float,
+        connections: int,
+    ) -> None:
+        self._origin = origin
+        self._connect_timeout_s = connect_timeout_s
+        self._read_timeout_s = read_timeout_s
+        self._timeout = httpx.Timeout(read_timeout_s, connect=connect_timeout_s)
+        self._client = httpx.AsyncClient(
+            proxy=proxy,
+            # this module has already read the environment (proxy_for): httpx must not read
+            # it again, nor its CA variables, so both paths trust the same authorities
+            trust_env=False,
+            verify=ssl_context if ssl_context is not None else True,
+            headers=headers,
+            cookies=CookieJar(DefaultCookiePolicy(allowed_domains=[])),  # none kept, as direct
+            timeout=self._timeout,
+            limits=httpx.Limits(
+                max_connections=connections,
+                max_keepalive_connections=connections,
+                keepalive_expiry=None,
+            ),
+        )
+        del self._client.headers["accept-encoding"]  # bodies as the engine sends them
+
+    @asynccontextmanager
+    async def stream(
+        self,
+        method: str,
+        target: str,
+        url: str,
+        body: bytes | None,
+        content_type: str,
+        timeout_s: float,
+    ) -> AsyncIterator[Response]:
+        timeout = (
+            self._timeout
+            if timeout_s == self._read_timeout_s
+            else httpx.Timeout(timeout_s, connect=self._connect_timeout_s)
+        )
+        request = self._client.build_request(
+            method,
+            self._origin + target,
+            content=body,
+            headers=None if body is None else {"content-type": content_type},
+            timeout=timeout,
+        )
+        try:
+            raw = await self._client.send(request, stream=True)
+        except httpx.ConnectTimeout as exc:
+            raise TimedOut(f"{url}: no connection in {self._connect_timeout_s:g} s") from exc
+        except httpx.HTTPError as exc:
+            raise _translated(exc, url, timeout_s, head=True) from exc
+        response = _ProxiedResponse(raw, url, timeout_s)
+        try:
+            yield response
+        finally:
+            await response.aclose()
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
 
 
 class Http1Client:
@@ -280,6 +468,19 @@ class Http1Client:
             if any(c in name + value for c in "\r\n"):
                 raise ValueError(f"header {name!r}: line breaks are not allowed")
         self._fixed = "".join(f"{k}: {v}\r\n" for k, v in fixed.items()).encode("latin-1")
+        proxy = proxy_for(base_url)
+        self._proxied: _Proxied | None = None
+        if proxy is not None:  # decided once: a client goes through a proxy, or never does
+            log.info("requests to %s go through the proxy the environment names", self._origin)
+            self._proxied = _Proxied(
+                proxy,
+                f"{parts.scheme}://{host}",
+                {k: v for k, v in fixed.items() if k != "host"},
+                self._ssl,
+                connect_timeout_s,
+                read_timeout_s,
+                connections,
+            )
         self.connect_timeout_s = connect_timeout_s
         self.read_timeout_s = read_timeout_s
         self._slots = asyncio.Semaphore(connections)
@@ -308,6 +509,13 @@ class Http1Client:
         url = self.url(path)
         if self._query:
             path += ("&" if "?" in path else "?") + self._query
+        if self._proxied is not None:
+            async with self._proxied.stream(
+                method, path, url, body, content_type, timeout
+            ) as response:
+                log.debug("%s %s -> %d (through the proxy)", method, url, response.status)
+                yield response
+            return
         if self._slots.locked():
             try:
                 async with asyncio.timeout(timeout):
@@ -341,7 +549,7 @@ class Http1Client:
         async with self.stream(method, path, body=body, timeout_s=timeout_s) as response:
             return response.status, await response.read()
 
-    async def _send(self, request: bytes, url: str, timeout_s: float) -> Response:
+    async def _send(self, request: bytes, url: str, timeout_s: float) -> _DirectResponse:
         for attempt in (1, 2):
             conn, reused = await self._connection(url)
             if reused:  # a new one is ready, and may already hold what the engine sent first
@@ -367,7 +575,7 @@ class Http1Client:
             except BaseException:
                 self._drop(conn)
                 raise
-            return Response(conn, url, timeout_s)
+            return _DirectResponse(conn, url, timeout_s)
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def _connection(self, url: str) -> tuple[_Connection, bool]:
@@ -395,7 +603,7 @@ class Http1Client:
         self._all.add(conn)
         return conn, False
 
-    def _release(self, response: Response) -> None:
+    def _release(self, response: _DirectResponse) -> None:
         conn = response._conn
         if response.reusable and not self._closed:
             self._idle.append(conn)
@@ -408,6 +616,8 @@ class Http1Client:
 
     async def aclose(self) -> None:
         self._closed = True
+        if self._proxied is not None:
+            await self._proxied.aclose()
         for conn in list(self._all):
             self._drop(conn)
         self._idle.clear()

@@ -19,7 +19,14 @@ import uvloop
 
 from test_harness.fake_openai import FakeState, create_fake_openai
 from test_harness.servers import serve_app
-from worker_adapters.http1 import HIGH_WATER, Broken, ConnectFailed, Http1Client, TimedOut
+from worker_adapters.http1 import (
+    HIGH_WATER,
+    Broken,
+    ConnectFailed,
+    Http1Client,
+    TimedOut,
+    _DirectResponse,
+)
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[None]]
 
@@ -298,6 +305,7 @@ async def test_reading_pauses_while_unread_bytes_pile_up() -> None:
         client = Http1Client(f"http://{addr}")
         async with client.stream("GET", "/") as response:
             await asyncio.sleep(0.3)  # the server writes as fast as it can; nobody reads
+            assert isinstance(response, _DirectResponse)  # no proxy: this module's own reading
             conn = response._conn
             assert conn.paused and conn.buffered < 2 * HIGH_WATER
             body = await response.read()
