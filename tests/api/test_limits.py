@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, MutableMapping
 from typing import Any
 
@@ -22,7 +21,7 @@ from orchestratord.runtime import Orchestrator
 from orchestratord.settings import Settings
 from test_harness.servers import serve_app
 from tests.conftest import make_settings
-from tests.helpers import make_flow, make_run, submit
+from tests.helpers import StreamsWatch, make_flow, make_run, submit
 
 
 def _limit_error(r: httpx.Response, status: int, limit: str) -> dict[str, Any]:
@@ -190,7 +189,10 @@ async def _key(orch: Orchestrator, scope: Scope = Scope.WRITE) -> str:
         return await store.create(session, scope=scope, name=None)
 
 
-async def test_streams_per_key(orch: Orchestrator, live: httpx.AsyncClient) -> None:
+async def test_streams_per_key(
+    orch: Orchestrator, live: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    streams = StreamsWatch(orch, monkeypatch)
     key, other = await _key(orch), await _key(orch)
     live.headers["Authorization"] = f"Bearer {key}"
     run_id = await make_run(live)
@@ -207,11 +209,7 @@ async def test_streams_per_key(orch: Orchestrator, live: httpx.AsyncClient) -> N
             "GET", f"/v1/runs/{run_id}/stream", headers={"Authorization": f"Bearer {other}"}
         ) as c:
             assert c.status_code == 200
-    for _ in range(100):  # the server sees the disconnects
-        if orch.key_streams.count(key[3:15]) == 0:
-            break
-        await asyncio.sleep(0.05)
-    assert orch.key_streams.count(key[3:15]) == 0
+    await streams.until(lambda: orch.key_streams.count(key[3:15]) == 0)  # the server saw them go
     async with live.stream("GET", f"/v1/runs/{run_id}/stream") as again:
         assert again.status_code == 200
 

@@ -10,9 +10,10 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from orchestratord.runtime import Orchestrator
 from orchestratord.settings import Settings
 from tests.conftest import make_settings
-from tests.helpers import make_run, submit, wait_status
+from tests.helpers import StreamsWatch, make_run, submit, wait_status
 
 
 @pytest.fixture
@@ -89,8 +90,9 @@ async def test_metrics_move_with_the_work(client: httpx.AsyncClient) -> None:
 
 
 async def test_queue_depth_and_subscribers_are_read_when_scraped(
-    live: httpx.AsyncClient,
+    live: httpx.AsyncClient, orch: Orchestrator, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    streams = StreamsWatch(orch, monkeypatch)
     client = live
     run_id = await make_run(client)
     running = (await submit(client, run_id, token="a", max_tokens=400)).json()["step_id"]
@@ -106,11 +108,8 @@ async def test_queue_depth_and_subscribers_are_read_when_scraped(
                 pass  # read to the end: a client that stops reading has left
 
     follower = asyncio.create_task(follow())
-    for _ in range(100):
-        samples = await scrape(client)
-        if value(samples, "orchestratord_sse_subscribers", stream="step") == 1:
-            break
-        await asyncio.sleep(0.02)
+    await streams.until(lambda: orch.hub.subscribers().get("step") == 1)
+    samples = await scrape(client)
     assert value(samples, "orchestratord_sse_subscribers", stream="step") == 1
     for step_id in (queued, running):
         await client.post(f"/v1/steps/{step_id}/cancel")
