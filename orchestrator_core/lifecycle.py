@@ -1,10 +1,15 @@
 """Run and step lifecycles as explicit state machines.
 
-A transition outside the table is refused with :class:`Conflict`, never just logged.
+A transition outside the table is refused with :class:`Conflict`, never just logged. What a
+step's move implies for its row beside its status (a start's or an end's time, its lease
+released) is said here too (``step_move``), and what a run's status write carries
+(``RUN_MOVE``): their one writer in the server (``orchestratord/steps/transition.py``)
+applies it, whichever statement the move is made in.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import StrEnum
 
 from orchestrator_core.errors import Conflict
@@ -85,3 +90,54 @@ def check_run_accepts_steps(status: RunStatus, what: str = "steps") -> None:
         raise RunEnded(
             f"run is {status.value} and accepts no new {what}", details={"status": status.value}
         )
+
+
+@dataclass(frozen=True, slots=True)
+class StepMove:
+    """What a step's move from ``source`` implies for its row, beside its new status."""
+
+    source: StepStatus
+    stamps_started: bool  # ``started_at`` is the move's time
+    stamps_ended: bool  # ``ended_at`` is the move's time
+    releases_lease: bool  # a lease holds only a running step
+
+
+def step_move(current: StepStatus, target: StepStatus) -> StepMove:
+    """The move from ``current`` to ``target``, or ``Conflict`` where the table has none."""
+    check_step_transition(current, target)
+    return StepMove(
+        source=current,
+        stamps_started=target is StepStatus.RUNNING,
+        stamps_ended=target.terminal,
+        releases_lease=current is StepStatus.RUNNING,
+    )
+
+
+def step_end(target: StepStatus) -> StepMove:
+    """A running step's end as ``target``: the same move (``STEP_END``) whatever the terminal
+    status, so one statement may end several steps, each as its own."""
+    if not target.terminal:
+        raise Conflict(
+            f"a running step ends succeeded, failed or cancelled, not {target.value}",
+            details={"from": StepStatus.RUNNING.value, "to": target.value},
+        )
+    return step_move(StepStatus.RUNNING, target)
+
+
+STEP_END = step_end(StepStatus.SUCCEEDED)
+
+
+@dataclass(frozen=True, slots=True)
+class RunMove:
+    """What a run's status write carries beside its status."""
+
+    stamps_updated: bool  # ``updated_at`` is the move's time
+
+
+RUN_MOVE = RunMove(stamps_updated=True)
+
+
+def run_move(current: RunStatus, target: RunStatus) -> RunMove:
+    """The move from ``current`` to ``target``, or ``Conflict`` where the table has none."""
+    check_run_transition(current, target)
+    return RUN_MOVE

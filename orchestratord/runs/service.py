@@ -11,7 +11,7 @@ from contracts.common import placement_to_json
 from contracts.runs import RunComplete, RunCreate
 from orchestrator_core import clock
 from orchestrator_core.errors import InvalidParams, NotFound
-from orchestrator_core.lifecycle import RunEnded, RunStatus, StepStatus, check_run_transition
+from orchestrator_core.lifecycle import RunEnded, RunStatus, StepStatus
 from orchestrator_core.placement import PoolView, validate_placement
 from orchestrator_core.policy import RulePolicy
 from orchestrator_core.replay import EngineIdentity
@@ -20,7 +20,7 @@ from orchestratord.flows.service import get_flow
 from orchestratord.prices import PriceBook
 from orchestratord.replay.runs import check_strict, inherited
 from orchestratord.runs.ledger import usage_of
-from orchestratord.steps.transition import end_run, end_unstarted, live_steps
+from orchestratord.steps.transition import end_run, end_unstarted, live_steps, transition_run
 from orchestratord.tx import Tx
 
 # Seeds the server picks fit in 32 bits, which every engine accepts.
@@ -185,9 +185,7 @@ async def cancel_run(tx: Tx, *, run_id: str) -> tuple[str, list[str]]:
             step.cancel_requested = True
             running.append(step.step_id)
     target = RunStatus.CANCELLING if running else RunStatus.CANCELLED
-    check_run_transition(status, target)
-    run.status = target.value
-    run.updated_at = clock.now()
+    transition_run(run, target)
     if target is RunStatus.CANCELLED:
         await tx.append_events([end_run(run)])
     return run.status, running
@@ -206,10 +204,8 @@ async def complete_run(tx: Tx, *, run_id: str, body: RunComplete) -> Run:
             f"run is {status.value}: it cannot be completed as {wanted.value}",
             details={"status": status.value},
         )
-    check_run_transition(status, wanted)
-    run.status = wanted.value
+    transition_run(run, wanted)
     run.output = body.output
-    run.updated_at = clock.now()
     if await live_steps(tx.session, run_id) == 0:
         await tx.append_events([end_run(run)])
     return run

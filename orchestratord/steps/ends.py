@@ -9,6 +9,7 @@ of the writer with steps ending is one round trip, with no transaction around it
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, NoReturn, cast
 
@@ -18,7 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from orchestrator_core import clock
 from orchestrator_core.errors import Conflict, NotFound
-from orchestrator_core.lifecycle import RunStatus, StepStatus, check_step_transition
+from orchestrator_core.lifecycle import STEP_END, RunStatus, StepStatus, step_end
 from orchestratord.db.json_codec import dumps
 from orchestratord.db.models import Run, Step
 from orchestratord.db.prepared import Prepared, Target, dialect_of
@@ -32,8 +33,8 @@ from orchestratord.eventlog import (
     Writes,
 )
 from orchestratord.runs.ledger import RunState, Used, settle, settled, used_params
-from orchestratord.steps.ending import Ending
-from orchestratord.steps.transition import settle_run_after_step
+from orchestratord.steps.ending import Ending, StepEnd
+from orchestratord.steps.transition import settle_run_after_step, step_values
 
 
 def ending_finalizer(step_id: str, run_id: str, ending: Ending) -> Finalizer:
@@ -111,30 +112,30 @@ def _in_distinct_runs(ends: list[_Ends]) -> list[list[_Ends]]:
     return parts
 
 
-def _columns(ends: list[_Ends]) -> list[list[Any]]:
-    """The ends as the columns of ``unnest`` (``_MANY_KEYS``' order)."""
-    columns: list[list[Any]] = [[] for _ in _MANY_KEYS]
+def _columns(ends: list[_Ends]) -> dict[str, list[Any]]:
+    """The ends as the arrays of ``unnest`` (``_MANY_KEYS``), each checked by the lifecycle
+    (``step_end``)."""
+    columns: dict[str, list[Any]] = {key: [] for key in _MANY_KEYS}
+    steps = columns["m_step_id"]
+    fields = [(columns[f"m_{name}"], name) for name in _FIELDS]
     for end in ends:
-        e = end.ending
-        check_step_transition(StepStatus.RUNNING, e.status)
-        values = (
-            end.step_id,
-            e.status.value,
-            _json(e.output),
-            e.tokens_in,
-            e.tokens_out,
-            e.cost_usd,
-            _json(e.provenance),
-            _json(e.error),
-            e.replay_outcome,
-        )
-        for column, value in zip(columns, values, strict=True):
-            column.append(value)
+        ending = end.ending
+        step_end(ending.status)
+        steps.append(end.step_id)
+        for column, name in fields:
+            column.append(_stored(name, getattr(ending, name)))
     return columns
 
 
+def _stored(name: str, value: Any) -> Any:
+    """A ``StepEnd`` field's value as an array of ``unnest`` holds it (JSON as its text)."""
+    if name in _JSON_FIELDS:
+        return _json(value)
+    return value.value if isinstance(value, StepStatus) else value
+
+
 async def _end_many(target: Target, ends: list[_Ends]) -> list[LogEvent]:
-    params: dict[str, Any] = dict(zip(_MANY_KEYS, _columns(ends), strict=True))
+    params: dict[str, Any] = _columns(ends)
     params["b_now"] = clock.now()
     rows = {row[0]: row for row in await _END_AND_SETTLE_MANY.rows(target, params)}
     events: list[LogEvent] = []
@@ -149,23 +150,35 @@ async def _end_many(target: Target, ends: list[_Ends]) -> list[LogEvent]:
 
 _STEPS = cast(sa.Table, Step.__table__)
 _RUNS = cast(sa.Table, Run.__table__)
+# what an end writes, beside the status move's own values: ``StepEnd``'s fields, each a column
+_FIELDS = tuple(f.name for f in dataclasses.fields(StepEnd))
+_JSON_FIELDS = frozenset(name for name in _FIELDS if isinstance(_STEPS.c[name].type, sa.JSON))
+
+
+def _end_values(value: Callable[[sa.Column[Any]], Any], now: Any) -> dict[str, Any]:
+    """The values of a running step's row as it ends: each ``StepEnd`` field's column from
+    ``value`` (given the column), its status through the lifecycle's writer
+    (``step_values``: what every end of a running step implies, at ``now``)."""
+    values = {name: value(_STEPS.c[name]) for name in _FIELDS}
+    values.update(step_values(STEP_END, values.pop("status"), now))
+    return values
+
+
+def _ending(*where: Any) -> Any:
+    """The running steps of ``where``, as an UPDATE to give values (``_end_values``)."""
+    return _STEPS.update().where(*where, _STEPS.c.status == STEP_END.source.value)
+
+
 # A running step ends: the transition as ``transition`` makes it, in one statement that also
 # returns what its settlement needs (no load of the row). ``status = 'running'`` guards it.
+# Its parameters: ``b_step_id``, ``b_now``, and ``b_<field>`` for each field of ``StepEnd``.
 _ENDS_RUNNING = (
-    _STEPS.update()
-    .where(_STEPS.c.step_id == sa.bindparam("b_step_id"), _STEPS.c.status == "running")
+    _ending(_STEPS.c.step_id == sa.bindparam("b_step_id"))
     .values(
-        status=sa.bindparam("b_status"),
-        ended_at=sa.bindparam("b_now"),
-        lease_owner=None,
-        lease_expires_at=None,
-        output=sa.bindparam("b_output"),
-        tokens_in=sa.bindparam("b_tokens_in"),
-        tokens_out=sa.bindparam("b_tokens_out"),
-        cost_usd=sa.bindparam("b_cost_usd"),
-        provenance=sa.bindparam("b_provenance"),
-        error=sa.bindparam("b_error"),
-        replay_outcome=sa.bindparam("b_replay_outcome"),
+        _end_values(
+            lambda column: sa.bindparam(f"b_{column.key}", type_=column.type),
+            sa.bindparam("b_now", type_=_STEPS.c.ended_at.type),
+        )
     )
     .returning(
         _STEPS.c.run_id,
@@ -191,54 +204,37 @@ _END_AND_SETTLE = Prepared(
 
 
 # PostgreSQL: the ends of several running steps, each of its own run (``end_together``,
-# ``_alongside``): each row of ``unnest`` is one step's ``_ENDS_RUNNING`` parameters; a row
-# per step that ended: its id and run, what it held and what it used
-_MANY_KEYS = (
-    "m_step_id",
-    "m_status",
-    "m_output",
-    "m_tokens_in",
-    "m_tokens_out",
-    "m_cost_usd",
-    "m_provenance",
-    "m_error",
-    "m_replay_outcome",
-)
-_MANY_TYPES = (
-    sa.String,
-    sa.String,
-    sa.Text,
-    sa.BigInteger,
-    sa.BigInteger,
-    sa.Float,
-    sa.Text,
-    sa.Text,
-    sa.String,
-)
+# ``_alongside``): each row of ``unnest`` is one step's id and ``StepEnd`` (``_columns``); a
+# row per step that ended: its id and run, what it held and what it used
+_MANY_KEYS = ("m_step_id", *(f"m_{name}" for name in _FIELDS))
+
+
+def _array_of(name: str) -> PlainArray:
+    """The type of the array of ``unnest`` holding a ``StepEnd`` field (JSON as text)."""
+    return PlainArray(sa.Text if name in _JSON_FIELDS else type(_STEPS.c[name].type))
+
+
+_MANY_PARAMS = [
+    sa.bindparam("m_step_id", type_=PlainArray(sa.String)),
+    *(sa.bindparam(f"m_{name}", type_=_array_of(name)) for name in _FIELDS),
+]
 
 
 def _ended_many(columns: Sequence[Any], now: Any, *also: Any) -> sa.Update:
     """The steps of ``unnest(columns)`` that are running, ended at ``now`` (where ``also``)."""
-    each = (
-        sa.func.unnest(*columns)
-        .table_valued(*(key[2:] for key in _MANY_KEYS))
-        .render_derived(name="each")
-    )
-    return (
-        _STEPS.update()
-        .where(_STEPS.c.step_id == each.c.step_id, _STEPS.c.status == "running", *also)
+    each = sa.func.unnest(*columns).table_valued("step_id", *_FIELDS).render_derived(name="each")
+    return cast(
+        sa.Update,
+        _ending(_STEPS.c.step_id == each.c.step_id, *also)
         .values(
-            status=each.c.status,
-            ended_at=now,
-            lease_owner=None,
-            lease_expires_at=None,
-            output=sa.cast(each.c.output, sa.JSON),
-            tokens_in=each.c.tokens_in,
-            tokens_out=each.c.tokens_out,
-            cost_usd=each.c.cost_usd,
-            provenance=sa.cast(each.c.provenance, sa.JSON),
-            error=sa.cast(each.c.error, sa.JSON),
-            replay_outcome=each.c.replay_outcome,
+            _end_values(
+                lambda column: (
+                    sa.cast(each.c[column.key], column.type)
+                    if column.key in _JSON_FIELDS
+                    else each.c[column.key]
+                ),
+                now,
+            )
         )
         .returning(
             _STEPS.c.step_id,
@@ -250,7 +246,7 @@ def _ended_many(columns: Sequence[Any], now: Any, *also: Any) -> sa.Update:
             each.c.tokens_out.label("used_out"),
             sa.func.coalesce(each.c.cost_usd, 0.0).label("used_cost"),
             sa.case((each.c.cost_usd.is_(None), 1), else_=0).label("unpriced"),
-        )
+        ),
     )
 
 
@@ -265,9 +261,6 @@ def _settled_by(ended: Any, now: Any, zero: Callable[[Any], Any] = lambda c: c) 
 
 
 _NOW = sa.bindparam("b_now", type_=_STEPS.c.ended_at.type)
-_MANY_PARAMS = [
-    sa.bindparam(key, type_=PlainArray(t)) for key, t in zip(_MANY_KEYS, _MANY_TYPES, strict=True)
-]
 _ENDED_MANY = _ended_many(_MANY_PARAMS, _NOW).cte("ended")
 _END_AND_SETTLE_MANY = Prepared(
     _RUNS.update()
@@ -285,19 +278,13 @@ class _Held(NamedTuple):
 
 
 def _end_params(step_id: str, ending: Ending) -> dict[str, Any]:
-    check_step_transition(StepStatus.RUNNING, ending.status)
-    return {
-        "b_step_id": step_id,
-        "b_status": ending.status.value,
-        "b_now": clock.now(),
-        "b_output": ending.output,
-        "b_tokens_in": ending.tokens_in,
-        "b_tokens_out": ending.tokens_out,
-        "b_cost_usd": ending.cost_usd,
-        "b_provenance": ending.provenance,
-        "b_error": ending.error,
-        "b_replay_outcome": ending.replay_outcome,
-    }
+    """``_ENDS_RUNNING``'s parameters, the end checked by the lifecycle (``step_end``)."""
+    step_end(ending.status)
+    params = {f"b_{name}": getattr(ending, name) for name in _FIELDS}
+    params["b_status"] = ending.status.value
+    params["b_step_id"] = step_id
+    params["b_now"] = clock.now()
+    return params
 
 
 async def _end_running(target: Target, step_id: str, ending: Ending) -> _Held:
@@ -400,7 +387,7 @@ def _alongside(items: list[Any]) -> Writes | None:
     runs = [end.run_id for end in ends]
     if len(set(runs)) < len(runs):
         return None
-    params: dict[str, Any] = dict(zip(_MANY_KEYS, _columns(ends), strict=True))
+    params: dict[str, Any] = _columns(ends)
     params["m_run_id"] = runs
     params["b_now"] = clock.now()
     return Writes(_ALONGSIDE, params)

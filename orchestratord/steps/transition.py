@@ -1,9 +1,12 @@
-"""The one writer of a step's status, and the ways a step ends outside its runner.
+"""The one writer of a step's status and of a run's, and the ways a step ends outside its
+runner.
 
-``transition`` is the only code that assigns ``Step.status`` on a loaded row: it checks the
-lifecycle table (an illegal move raises ``Conflict``) and stamps ``started_at`` /
-``ended_at``. A running step's end (its runner's finalizer) is the same move made in one
-``UPDATE`` (``steps/ends.py``).
+``step_values`` is the only code that writes ``Step.status``: the lifecycle table decides
+whether the move is legal (an illegal one raises ``Conflict``) and what it implies
+(``started_at`` / ``ended_at`` stamped, the lease released), and ``step_values`` gives the
+row's values for it. ``transition`` applies them to a loaded row; a running step's end (its
+runner's finalizer) makes the same move in one ``UPDATE``, whose values come from here too
+(``steps/ends.py``). ``run_values`` and ``transition_run`` are the same for a run's status.
 """
 
 from __future__ import annotations
@@ -18,10 +21,13 @@ from contracts.events import EndEvent, ErrorEvent, RunEndEvent, StartedEvent
 from orchestrator_core import clock
 from orchestrator_core.event_order import EventOrder, EventType
 from orchestrator_core.lifecycle import (
+    RUN_MOVE,
+    RunMove,
     RunStatus,
+    StepMove,
     StepStatus,
-    check_run_transition,
-    check_step_transition,
+    run_move,
+    step_move,
 )
 from orchestrator_core.pricing import Price
 from orchestratord.db.models import Run, Step
@@ -32,19 +38,44 @@ from orchestratord.steps.queries import get_step
 from orchestratord.tx import Tx
 
 
+def step_values(move: StepMove, status: Any, now: Any) -> dict[str, Any]:
+    """The values of a step's row as it makes ``move``: its ``status`` (a value, or an
+    expression of a statement ending several steps, each as its own) and what the lifecycle
+    says the move implies, stamped ``now``."""
+    values: dict[str, Any] = {"status": status}
+    if move.stamps_started:
+        values["started_at"] = now
+    if move.stamps_ended:
+        values["ended_at"] = now
+    if move.releases_lease:
+        values["lease_owner"] = None
+        values["lease_expires_at"] = None
+    return values
+
+
 def transition(step: Step, to: StepStatus) -> None:
     """Move ``step`` to ``to`` (in the caller's transaction), or raise ``Conflict``."""
-    current = StepStatus(step.status)
-    check_step_transition(current, to)
-    step.status = to.value
-    now = clock.now()
-    if to is StepStatus.RUNNING:
-        step.started_at = now
-    elif to.terminal:
-        step.ended_at = now
-    if current is StepStatus.RUNNING:  # a lease holds only a running step
-        step.lease_owner = None
-        step.lease_expires_at = None
+    values = step_values(step_move(StepStatus(step.status), to), to.value, clock.now())
+    step.status = values.pop("status")
+    for column, value in values.items():
+        setattr(step, column, value)
+
+
+def run_values(move: RunMove, status: Any, now: Any) -> dict[str, Any]:
+    """The values of a run's row as its status is written in ``move``: its ``status`` (a
+    value, or a parameter of a statement) and what the move carries, stamped ``now``."""
+    values: dict[str, Any] = {"status": status}
+    if move.stamps_updated:
+        values["updated_at"] = now
+    return values
+
+
+def transition_run(run: Run, to: RunStatus) -> None:
+    """Move ``run`` to ``to`` (in the caller's transaction), or raise ``Conflict``."""
+    values = run_values(run_move(RunStatus(run.status), to), to.value, clock.now())
+    run.status = values.pop("status")
+    for column, value in values.items():
+        setattr(run, column, value)
 
 
 _STEPS = cast(sa.Table, Step.__table__)
@@ -126,27 +157,28 @@ async def settle_run_after_step(target: Target, *, run_id: str, state: RunState)
         return []
     if await live_steps(target, run_id) > 0:
         return []
-    if status is RunStatus.CANCELLING:
-        check_run_transition(status, RunStatus.CANCELLED)
-        status = RunStatus.CANCELLED
     if isinstance(target, AsyncSession):  # the run may be loaded in it: changed there
         run = await target.get(Run, run_id)
         assert run is not None
-        run.status = status.value
+        if status is RunStatus.CANCELLING:
+            transition_run(run, RunStatus.CANCELLED)
         return [end_run(run)]
+    if status is RunStatus.CANCELLING:
+        run_move(status, RunStatus.CANCELLED)
+        status = RunStatus.CANCELLED
     params = {"b_run_id": run_id, "b_status": status.value, "b_now": clock.now()}
     await _END_RUN.rows(target, params)
     return [_run_end(run_id, status.value)]
 
 
+# a run whose work is over ends (``end_run``), its status written as it ends (cancelling
+# becomes cancelled; a completed run's stays)
+_RUN_NOW = sa.bindparam("b_now", type_=_RUNS.c.updated_at.type)
 _END_RUN = Prepared(
     _RUNS.update()
     .where(_RUNS.c.run_id == sa.bindparam("b_run_id"))
-    .values(
-        status=sa.bindparam("b_status"),
-        ended_at=sa.bindparam("b_now"),
-        updated_at=sa.bindparam("b_now"),
-    )
+    .values(run_values(RUN_MOVE, sa.bindparam("b_status"), _RUN_NOW))
+    .values(ended_at=_RUN_NOW)
 )
 
 

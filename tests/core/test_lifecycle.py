@@ -2,19 +2,26 @@
 
 from __future__ import annotations
 
+import ast
 import itertools
+from pathlib import Path
 
 import pytest
 
 from orchestrator_core.errors import Conflict
 from orchestrator_core.lifecycle import (
+    RUN_MOVE,
     RUN_TRANSITIONS,
+    STEP_END,
     STEP_TRANSITIONS,
     RunStatus,
     StepStatus,
     check_run_accepts_steps,
     check_run_transition,
     check_step_transition,
+    run_move,
+    step_end,
+    step_move,
 )
 
 S = StepStatus
@@ -186,3 +193,123 @@ def test_run_refuses_steps_unless_running(status: RunStatus) -> None:
     assert info.value.code == "RUN_ENDED"
     assert info.value.details == {"status": status.value}
     assert status.value in info.value.message
+
+
+@pytest.mark.parametrize(("current", "target"), STEP_PAIRS, ids=_ids(STEP_PAIRS))
+def test_a_step_move_says_what_it_implies(current: StepStatus, target: StepStatus) -> None:
+    if (current, target) not in STEP_ALLOWED:
+        with pytest.raises(Conflict):
+            step_move(current, target)
+        return
+    move = step_move(current, target)
+    assert move.source is current
+    assert move.stamps_started is (target is S.RUNNING)
+    assert move.stamps_ended is (target in {S.SUCCEEDED, S.FAILED, S.CANCELLED})
+    assert move.releases_lease is (current is S.RUNNING)
+
+
+@pytest.mark.parametrize("target", list(StepStatus), ids=lambda s: s.value)
+def test_every_end_of_a_running_step_is_the_same_move(target: StepStatus) -> None:
+    """One statement ends several steps, each with its own terminal status."""
+    if target in {S.SUCCEEDED, S.FAILED, S.CANCELLED}:
+        assert step_end(target) == STEP_END
+        assert STEP_END.source is S.RUNNING
+        assert STEP_END.stamps_ended and STEP_END.releases_lease
+        assert not STEP_END.stamps_started
+        return
+    with pytest.raises(Conflict) as info:
+        step_end(target)
+    assert info.value.details == {"from": "running", "to": target.value}
+
+
+@pytest.mark.parametrize(("current", "target"), RUN_PAIRS, ids=_ids(RUN_PAIRS))
+def test_a_run_move_is_checked(current: RunStatus, target: RunStatus) -> None:
+    if (current, target) in RUN_ALLOWED:
+        assert run_move(current, target) == RUN_MOVE
+        assert RUN_MOVE.stamps_updated
+        return
+    with pytest.raises(Conflict):
+        run_move(current, target)
+
+
+# Who writes a status: one module, ``orchestratord/steps/transition.py``, for steps and runs.
+ROOT = Path(__file__).resolve().parents[2]
+WRITER = "orchestratord/steps/transition.py"
+
+
+def _names(node: ast.AST) -> str:
+    return ast.unparse(node).lower()
+
+
+def _status_writes(path: Path, noun: str) -> list[int]:
+    """Lines that write the status of a ``noun`` (``step`` or ``run``): ``<x>.status = ...``
+    (or ``setattr(<x>, "status", ...)``) on a name that says ``noun``, or an UPDATE's
+    ``.values(status=...)`` / ``.values({"status": ...})`` on a statement that names it
+    (``Step``, ``_STEPS``, ``sa.update(Run)``...)."""
+    lines = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Assign | ast.AugAssign | ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                if (
+                    isinstance(target, ast.Attribute)
+                    and target.attr == "status"
+                    and noun in _names(target.value)
+                ):
+                    lines.append(node.lineno)
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            if node.func.attr == "values" and noun in _names(node.func.value):
+                keys: list[object] = [k.arg for k in node.keywords]
+                keys += [
+                    k.value
+                    for arg in node.args
+                    if isinstance(arg, ast.Dict)
+                    for k in arg.keys
+                    if isinstance(k, ast.Constant)
+                ]
+                if "status" in keys:
+                    lines.append(node.lineno)
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id == "setattr"
+            and len(node.args) >= 2
+            and isinstance(node.args[1], ast.Constant)
+            and node.args[1].value == "status"
+            and noun in _names(node.args[0])
+        ):
+            lines.append(node.lineno)
+    return lines
+
+
+def _writers(noun: str) -> dict[str, list[int]]:
+    return {
+        str(path.relative_to(ROOT)): found
+        for path in sorted((ROOT / "orchestratord").rglob("*.py"))
+        if (found := _status_writes(path, noun))
+    }
+
+
+@pytest.mark.parametrize("noun", ["step", "run"])
+def test_only_the_writer_writes_a_status(noun: str) -> None:
+    """A step's status and a run's are written by ``transition.py`` alone (its writers apply
+    the lifecycle's move); a statement elsewhere takes its values from there."""
+    writers = _writers(noun)
+    assert list(writers) == [WRITER], writers
+    assert len(writers[WRITER]) == 1, writers  # ``transition`` / ``transition_run``
+
+
+@pytest.mark.parametrize(
+    ("code", "noun"),
+    [
+        ("step.status = 'failed'", "step"),
+        ("run.status = 'failed'", "run"),
+        ("x = _STEPS.update().values(status='failed')", "step"),
+        ("x = sa.update(Run).values({'status': 'failed'})", "run"),
+        ("setattr(the_run, 'status', 'failed')", "run"),
+    ],
+)
+def test_the_walk_finds_a_status_written_by_hand(code: str, noun: str, tmp_path: Path) -> None:
+    path = tmp_path / "writer.py"
+    path.write_text(code + "\n")
+    assert _status_writes(path, noun) == [1]

@@ -41,7 +41,7 @@ async def _transaction(orch: Orchestrator, on: str) -> AsyncIterator[Target]:
 
 def _ending() -> Ending:
     event = EndEvent(stop_reason="length", tokens_in=1, tokens_out=1, provenance=None)
-    return Ending(StepStatus.SUCCEEDED, event, {"text": "x"}, tokens_in=1, tokens_out=1)
+    return Ending(StepStatus.SUCCEEDED, {"text": "x"}, tokens_in=1, tokens_out=1, event=event)
 
 
 @pytest.mark.parametrize("on", ["session", "driver"])
@@ -129,8 +129,8 @@ def _endings(n: int) -> list[Ending]:
         endings.append(
             Ending(
                 StepStatus.SUCCEEDED if i % 2 == 0 else StepStatus.FAILED,
-                event,
                 {"text": f"out {i}", "token_ids": [i, 7]},
+                event=event,
                 tokens_in=i,
                 tokens_out=i + 1,
                 cost_usd=None if i % 2 else 0.25 * (i + 1),
