@@ -261,6 +261,12 @@ async def dispatcher_settled(orch: Any) -> None:
     tasks = [e.task for e in orch.dispatcher.executions.values() if e.task is not None]
     if tasks:
         await asyncio.wait(tasks, timeout=30)
+    await dispatcher_idle(orch)
+
+
+async def dispatcher_idle(orch: Any) -> None:
+    """Until the dispatcher (its wake-up a ``DispatcherWake``) waits for a wake-up with
+    none pending: every round asked for so far has run."""
     wake = orch.dispatcher._wake
     assert isinstance(wake, DispatcherWake), "install a DispatcherWake before the start"
     await asyncio.wait_for(wake.idle.wait(), 30)

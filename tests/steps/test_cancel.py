@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import httpx
@@ -11,7 +10,16 @@ from orchestratord.db.models import Step
 from orchestratord.runtime import Orchestrator
 from test_harness.servers import serve_app
 from tests.conftest import make_settings
-from tests.helpers import make_run, parse_sse, read_stream, submit, tokens_committed, wait_status
+from tests.helpers import (
+    DispatcherWake,
+    dispatcher_idle,
+    make_run,
+    parse_sse,
+    read_stream,
+    submit,
+    tokens_committed,
+    wait_status,
+)
 from worker_adapters.sim import SimAdapter
 
 
@@ -86,11 +94,10 @@ async def test_cancel_run(live: httpx.AsyncClient, orch: Orchestrator) -> None:
     for sid in ids:
         step = await wait_status(live, sid, "cancelled")
         assert step["status"] == "cancelled"
-    for _ in range(100):
-        run = (await live.get(f"/v1/runs/{run_id}")).json()
-        if run["status"] == "cancelled":
-            break
-        await asyncio.sleep(0.02)
+    # the run's stream ends with the run (its end and its status commit together)
+    ended = await read_stream(live, f"/v1/runs/{run_id}/stream")
+    assert ended[-1].event == "run_end"
+    run = (await live.get(f"/v1/runs/{run_id}")).json()
     assert run["status"] == "cancelled"
     refused = await submit(live, run_id, token="late")
     assert refused.status_code == 409
@@ -99,18 +106,20 @@ async def test_cancel_run(live: httpx.AsyncClient, orch: Orchestrator) -> None:
     assert again.json()["status"] == "cancelled"
 
 
-async def test_replica_never_exceeds_its_slots(live: httpx.AsyncClient, orch: Orchestrator) -> None:
-    adapter = _slow(orch, rate=200.0, slots=3)
-    run_id = await make_run(live)
+class _Peak(set[str]):
+    """An engine's requests in flight, and the most there were at once."""
+
     peak = 0
 
-    async def watch() -> None:
-        nonlocal peak
-        while True:
-            peak = max(peak, len(adapter.active_requests))
-            await asyncio.sleep(0.002)
+    def add(self, element: str) -> None:
+        super().add(element)
+        self.peak = max(self.peak, len(self))
 
-    watcher = asyncio.create_task(watch())
+
+async def test_replica_never_exceeds_its_slots(live: httpx.AsyncClient, orch: Orchestrator) -> None:
+    adapter = _slow(orch, rate=200.0, slots=3)
+    adapter._active = active = _Peak()  # every engine request counted as it comes
+    run_id = await make_run(live)
     ids = [
         (await submit(live, run_id, token=f"t{i}", max_tokens=20)).json()["step_id"]
         for i in range(9)
@@ -119,8 +128,7 @@ async def test_replica_never_exceeds_its_slots(live: httpx.AsyncClient, orch: Or
     assert pools[0]["load"]["slots_busy"] <= 3
     for sid in ids:
         await wait_status(live, sid, "succeeded")
-    watcher.cancel()
-    assert 1 <= peak <= 3
+    assert 1 <= active.peak <= 3
 
 
 async def _running_step(orch: Orchestrator, live: httpx.AsyncClient) -> str:
@@ -152,6 +160,7 @@ async def test_wakes_do_not_each_look_for_cancels(db_url: str) -> None:
     """Under load a wake comes with every submission and every ended step; the look for
     other processes' cancels is a read each time, so it runs once per poll_s, not per wake."""
     orch = Orchestrator(make_settings(db_url, dispatch={"poll_s": 60.0}))
+    orch.dispatcher._wake = DispatcherWake()
     await orch.start()
     looks = 0
 
@@ -168,7 +177,7 @@ async def test_wakes_do_not_each_look_for_cancels(db_url: str) -> None:
             sa.event.listen(orch.db.engine.sync_engine, "before_cursor_execute", count)
             for _ in range(50):
                 orch.dispatcher.wake()
-                await asyncio.sleep(0.005)
+                await dispatcher_idle(orch)  # its round, and its look for cancels if due
             sa.event.remove(orch.db.engine.sync_engine, "before_cursor_execute", count)
             assert looks <= 1
             # a cancel through this process still reaches the step at once
