@@ -17,6 +17,7 @@ from orchestratord.db.single_process import DatabaseInUse, SingleProcessLock
 from orchestratord.event_logging import JsonFormatter
 from orchestratord.pools.config import PoolConfigError, load_pools_file
 from orchestratord.settings import Settings
+from worker_adapters.registry import local_engines
 
 
 def _settings(args: argparse.Namespace) -> Settings:
@@ -196,7 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
     p_serve.add_argument("--host")
     p_serve.add_argument("--port", type=int)
     p_serve.add_argument("--database-url", help="sqlite:///path or postgresql://...")
-    p_serve.add_argument("--engine", choices=["sim", "llama"], help="engine of the local pool")
+    p_serve.add_argument("--engine", choices=local_engines(), help="engine of the local pool")
     p_serve.add_argument("--pools", metavar="FILE", help="YAML file of pools")
     p_serve.add_argument(
         "--auth", action="store_true", help="require an API key even before any key exists"

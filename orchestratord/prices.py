@@ -12,17 +12,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, get_args
+from typing import Any
 
 import yaml
 
 from orchestrator_core.errors import InvalidParams, NotFound
 from orchestrator_core.pricing import Price, PriceTable, resolve_price
-from orchestratord.pools.config import EngineKind
 from orchestratord.yaml_files import line_of, read_yaml
+from worker_adapters.registry import ENGINES
 
 PRICE_DIR = Path(__file__).with_name("price_tables")
-ENGINES = frozenset(get_args(EngineKind))
 
 
 class PriceConfigError(ValueError):

@@ -6,12 +6,20 @@ Every field can be set as ``ORCHESTRATORD_<NAME>`` (nested: ``ORCHESTRATORD_SIM_
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import AfterValidator, BaseModel, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from orchestrator_core.breakers import BreakerConfig
+from worker_adapters.registry import ENGINES, local_engines, variant
+
+
+def _local_engine(name: str) -> str:
+    """A registered engine whose replica needs no url (``sim``, ``llama``)."""
+    if name not in ENGINES or not variant(name).local:
+        raise ValueError(f"not an engine that runs locally (those: {', '.join(local_engines())})")
+    return name
 
 
 class SimSettings(BaseModel):
@@ -202,8 +210,10 @@ class Settings(BaseSettings):
         default=f"sqlite:///{Path.cwd() / 'orchestratord.db'}",
         description="SQLAlchemy URL: sqlite:///path or postgresql://user@host/db",
     )
-    engine: Literal["sim", "llama"] = Field(
-        default="llama", description="Engine of the one local pool when no pools file is given"
+    engine: Annotated[str, AfterValidator(_local_engine)] = Field(
+        default="llama",
+        description="Engine of the one local pool when no pools file is given: a registered"
+        " engine that needs no url (sim, llama)",
     )
     pools_file: Path | None = Field(default=None, description="YAML file of pools")
     db_pool_size: int = Field(

@@ -37,8 +37,8 @@ import grpc  # type: ignore[import-untyped]
 from contracts.protos import load
 from worker_adapters.base import GenerationRequest, Token
 from worker_adapters.llama import default_model_path, engine_seed, open_model
-from worker_adapters.sessions import SimTokenizer
 from worker_adapters.sim import VOCAB, SimAdapter
+from worker_adapters.tokenizers import SimTokenizer
 
 _R = TypeVar("_R")
 

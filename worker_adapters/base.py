@@ -11,10 +11,9 @@ from __future__ import annotations
 import abc
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
-if TYPE_CHECKING:
-    from worker_adapters.sessions import EngineSession
+from worker_adapters.session_handle import EngineSession
 
 
 @dataclass(frozen=True)
@@ -41,10 +40,22 @@ class GenerationRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class TokenAlternative:
+    token_id: int
+    logprob: float
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
 class Token:
+    """One generated token. ``logprob`` is its own; ``alternatives`` are the engine's most
+    likely tokens at its position, best first, where the engine gives them (Salience with
+    ``top_logprobs``). A token cut short by a stop string is re-emitted without them."""
+
     text: str
     token_id: int | None = None
     logprob: float | None = None
+    alternatives: tuple[TokenAlternative, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +63,8 @@ class Finish:
     stop_reason: str  # eos | length | stop
     tokens_in: int
     tokens_out: int
+    engine_reason: str = ""  # the engine's own stop reason as its protocol names it, if told
+    truncated: int = 0  # tokens the engine dropped from the run's session to fit its window
 
 
 AdapterEvent = Token | Finish

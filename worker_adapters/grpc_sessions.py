@@ -1,6 +1,7 @@
 """What the gRPC session-bound adapters (Kakeya, Salience) share: one channel per replica
 made inside the running loop, unary calls with the protocol's statuses mapped, cancellable
-streaming calls by request id, session handles, and the control-plane tokenizer."""
+streaming calls by request id, session handles, the control-plane tokenizer, and the options
+and URL forms of their pools."""
 
 from __future__ import annotations
 
@@ -8,10 +9,14 @@ import contextlib
 from typing import Any, ClassVar
 
 import grpc  # type: ignore[import-untyped]
+from pydantic import BaseModel, ConfigDict, Field
 
 from worker_adapters.base import GenerationRequest, WorkerAdapter
 from worker_adapters.errors import AdapterError
-from worker_adapters.sessions import EngineSession, Tokenizer, error_for_status
+from worker_adapters.registry import ReplicaConfig, UrlForms
+from worker_adapters.session_handle import EngineSession
+from worker_adapters.sessions import error_for_status
+from worker_adapters.tokenizers import Tokenizer, tokenizer_named
 
 
 class GrpcSessionAdapter(WorkerAdapter):
@@ -86,3 +91,44 @@ class GrpcSessionAdapter(WorkerAdapter):
         if self._channel is not None:
             await self._channel.close()
             self._channel = self._stub = None
+
+
+def grpc_target(url: str) -> str:
+    """The gRPC target of a replica's url: ``grpc://host:port`` -> ``host:port``; any other
+    form is a target as gRPC reads it (``host:port``, ``dns:///host:port``, ``unix:path``)."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme.lower() != "grpc":
+        return url
+    host, colon, port = rest.removesuffix("/").rpartition(":")
+    if not colon or not host or "/" in host or not port.isdigit():
+        raise ValueError(f"{url!r} is not grpc://host:port")
+    return f"{host}:{port}"
+
+
+def grpc_url(example_port: int) -> UrlForms:
+    return UrlForms(
+        needs="its gRPC address as url",
+        examples=(f"grpc://127.0.0.1:{example_port}", f"127.0.0.1:{example_port}"),
+        address=grpc_target,
+    )
+
+
+class SessionOptions(BaseModel):
+    """Options every gRPC session-bound engine takes."""
+
+    model_config = ConfigDict(extra="forbid")
+    tokenizer: str = Field(
+        default="gguf",
+        description="the vocabulary prompts are tokenized with here: sim (the sim engine's),"
+        " packaged or gguf (the packaged Gemma 3 270M GGUF's), or a GGUF file's path",
+    )
+    model_hash: str | None = Field(
+        default=None,
+        description="the model's hash as provenance names it; default: the tokenizer's fingerprint",
+    )
+    timeout_s: float = Field(default=30.0, description="seconds each unary call may take")
+
+    def tokenizer_for(self, replica: ReplicaConfig) -> tuple[Tokenizer, str]:
+        """The tokenizer, and the model name (the replica's, else the vocabulary's model)."""
+        model = replica.model or ("sim-1" if self.tokenizer == "sim" else "gemma-3-270m")
+        return tokenizer_named(self.tokenizer), model

@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc  # type: ignore[import-untyped]
+from pydantic import Field
 
 from contracts.protos import load
 from worker_adapters.base import (
@@ -31,17 +32,12 @@ from worker_adapters.base import (
     Token,
 )
 from worker_adapters.errors import AdapterError, EngineFailure, EngineUnavailable
-from worker_adapters.grpc_sessions import GrpcSessionAdapter
-from worker_adapters.sessions import (
-    EngineSession,
-    PieceDecoder,
-    SessionDrift,
-    SessionFinish,
-    SessionLost,
-    Tokenizer,
-    common_prefix,
-)
+from worker_adapters.grpc_sessions import GrpcSessionAdapter, SessionOptions, grpc_url
+from worker_adapters.registry import EngineDefaults, EngineVariant, ReplicaConfig
+from worker_adapters.session_handle import EngineSession
+from worker_adapters.sessions import SessionDrift, SessionFinish, SessionLost, common_prefix
 from worker_adapters.stops import StopMatcher
+from worker_adapters.tokenizers import PieceDecoder, Tokenizer
 
 _REASONS = {"STOP_REASON_MAX_TOKENS": "length", "STOP_REASON_EOS": "eos"}
 _REASONS["STOP_REASON_TRUNCATED"] = "length"  # the window is full: no room for more tokens
@@ -253,3 +249,31 @@ class KakeyaAdapter(GrpcSessionAdapter):
             features=("seed", "stop", "token_ids", "sessions", "fork"),
             extra={"target": self.target, "vocab_size": self._tokenizer.vocab_size},
         )
+
+
+class KakeyaOptions(SessionOptions):
+    context_size: int = Field(default=4096, description="the runtime's context size in tokens")
+
+
+def _build(
+    replica: ReplicaConfig, options: KakeyaOptions, defaults: EngineDefaults
+) -> KakeyaAdapter:
+    assert replica.address is not None  # the pools file requires a url
+    tokenizer, model = options.tokenizer_for(replica)
+    return KakeyaAdapter(
+        target=replica.address,
+        tokenizer=tokenizer,
+        model=model,
+        context_size=options.context_size,
+        model_hash=options.model_hash,
+        timeout_s=options.timeout_s,
+    )
+
+
+VARIANT = EngineVariant(
+    adapter=KakeyaAdapter,
+    options=KakeyaOptions,
+    build=_build,
+    url=grpc_url(50051),
+    tokenizer="control_plane",
+)

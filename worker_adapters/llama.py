@@ -33,6 +33,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from worker_adapters.base import (
     AdapterEvent,
     Capabilities,
@@ -43,6 +45,7 @@ from worker_adapters.base import (
     WorkerAdapter,
 )
 from worker_adapters.errors import AdapterError, EngineFailure, EngineUnavailable
+from worker_adapters.registry import EngineDefaults, EngineVariant, ReplicaConfig
 from worker_adapters.stops import StopMatcher
 from worker_adapters.transcript import render_transcript
 
@@ -359,3 +362,33 @@ def _logprob(llm: Any, token: int) -> float:
     logits = np.ctypeslib.as_array(ptr, shape=(llm.n_vocab(),)).astype(np.float64)
     top = float(logits.max())
     return float(logits[token] - top - np.log(np.exp(logits - top).sum()))
+
+
+class LlamaOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    model_path: str | None = Field(
+        default=None,
+        description="GGUF file to load; default: the service's llama_model_path, else the"
+        " packaged Gemma 3 270M",
+    )
+    n_ctx: int = Field(default=4096, description="context size in tokens (0: the model's own)")
+    n_threads: int | None = Field(
+        default=None, description="decode threads; default: llama.cpp's choice"
+    )
+
+
+def _build(replica: ReplicaConfig, options: LlamaOptions, defaults: EngineDefaults) -> LlamaAdapter:
+    return LlamaAdapter(
+        model_path=options.model_path or defaults.llama_model_path,
+        n_ctx=options.n_ctx,
+        n_threads=options.n_threads,
+        model=replica.model,
+    )
+
+
+VARIANT = EngineVariant(
+    adapter=LlamaAdapter,
+    options=LlamaOptions,
+    build=_build,
+    slots=(1, "its state is reset per request"),
+)

@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import orjson
+from pydantic import BaseModel, ConfigDict, Field
 
 from worker_adapters.base import (
     AdapterEvent,
@@ -30,6 +31,7 @@ from worker_adapters.base import (
 )
 from worker_adapters.errors import AdapterError, EngineFailure, EngineUnavailable
 from worker_adapters.http1 import ConnectFailed, Http1Client, HttpError, Response, TimedOut
+from worker_adapters.registry import EngineDefaults, EngineVariant, ReplicaConfig, UrlForms
 
 _FINISH = {
     "length": "length",
@@ -274,3 +276,38 @@ def _status_error(status: int, body: bytes) -> EngineFailure:
         detail = text[:200]
     retriable = status in (408, 429) or status >= 500
     return EngineFailure(f"engine answered HTTP {status}: {detail}", retriable=retriable)
+
+
+class OpenAIOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    api_key: str | None = Field(
+        default=None, description="sent as a bearer token; shown nowhere (logs, errors, events)"
+    )
+    model_hash: str | None = Field(
+        default=None, description="the model's hash as provenance names it; default: derived"
+    )
+    connect_timeout_s: float = Field(default=5.0, description="seconds to open a connection")
+    read_timeout_s: float = Field(default=60.0, description="seconds to wait for each read")
+
+
+def _build(
+    replica: ReplicaConfig, options: OpenAIOptions, defaults: EngineDefaults
+) -> OpenAIAdapter:
+    assert replica.address is not None  # the pools file requires a url
+    return OpenAIAdapter(
+        base_url=replica.address,
+        model=replica.model,
+        api_key=options.api_key,
+        model_hash=options.model_hash,
+        connect_timeout_s=options.connect_timeout_s,
+        read_timeout_s=options.read_timeout_s,
+        connections=replica.slots,
+    )
+
+
+VARIANT = EngineVariant(
+    adapter=OpenAIAdapter,
+    options=OpenAIOptions,
+    build=_build,
+    url=UrlForms(needs="its base url", examples=("http://host:8000/v1",)),
+)

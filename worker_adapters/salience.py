@@ -11,9 +11,9 @@ retry is refused too. A NOT_FOUND session is reopened and refilled from the prom
 session, closed afterwards.
 
 With ``request.logprobs`` every generated token carries its logprob; an adapter built with
-``top_logprobs=k`` yields :class:`~worker_adapters.sessions.RankedToken` with the k most
-likely alternatives at each position. The protocol carries no seed: output is a function of
-the session's tokens and the sampling parameters.
+``top_logprobs=k`` gives each token the k most likely ``alternatives`` at its position. The
+protocol carries no seed: output is a function of the session's tokens and the sampling
+parameters.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import grpc  # type: ignore[import-untyped]
+from pydantic import Field
 
 from contracts.protos import load
 from worker_adapters.base import (
@@ -33,21 +34,15 @@ from worker_adapters.base import (
     GenerationRequest,
     Health,
     Token,
+    TokenAlternative,
 )
 from worker_adapters.errors import AdapterError, EngineFailure, EngineUnavailable
-from worker_adapters.grpc_sessions import GrpcSessionAdapter
-from worker_adapters.sessions import (
-    EngineSession,
-    PieceDecoder,
-    RankedToken,
-    SessionDrift,
-    SessionFinish,
-    SessionLost,
-    TokenAlternative,
-    Tokenizer,
-    common_prefix,
-)
+from worker_adapters.grpc_sessions import GrpcSessionAdapter, SessionOptions, grpc_url
+from worker_adapters.registry import EngineDefaults, EngineVariant, ReplicaConfig
+from worker_adapters.session_handle import EngineSession
+from worker_adapters.sessions import SessionDrift, SessionFinish, SessionLost, common_prefix
 from worker_adapters.stops import StopMatcher
+from worker_adapters.tokenizers import PieceDecoder, Tokenizer
 
 _REASONS = {"FINISH_REASON_EOS": "eos", "FINISH_REASON_LENGTH": "length"}
 _REASONS["FINISH_REASON_STOP_STRING"] = "stop"
@@ -254,7 +249,7 @@ class SalienceAdapter(GrpcSessionAdapter):
             )
             for a in token.logprobs
         )
-        return RankedToken(text=text, token_id=token.id, logprob=logprob, alternatives=alternatives)
+        return Token(text=text, token_id=token.id, logprob=logprob, alternatives=alternatives)
 
     async def fork(self, session: EngineSession, *, at: int) -> EngineSession:
         """A new server session holding the first ``at`` tokens of ``session`` (ForkSession)."""
@@ -296,3 +291,35 @@ class SalienceAdapter(GrpcSessionAdapter):
                 },
             )
         return self._caps
+
+
+class SalienceOptions(SessionOptions):
+    top_logprobs: int = Field(
+        default=0,
+        ge=0,
+        description="alternatives each token carries when a step asks for logprobs",
+    )
+
+
+def _build(
+    replica: ReplicaConfig, options: SalienceOptions, defaults: EngineDefaults
+) -> SalienceAdapter:
+    assert replica.address is not None  # the pools file requires a url
+    tokenizer, model = options.tokenizer_for(replica)
+    return SalienceAdapter(
+        target=replica.address,
+        tokenizer=tokenizer,
+        model=model,
+        top_logprobs=options.top_logprobs,
+        model_hash=options.model_hash,
+        timeout_s=options.timeout_s,
+    )
+
+
+VARIANT = EngineVariant(
+    adapter=SalienceAdapter,
+    options=SalienceOptions,
+    build=_build,
+    url=grpc_url(50052),
+    tokenizer="control_plane",
+)

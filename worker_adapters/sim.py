@@ -20,6 +20,8 @@ import random
 import re
 from collections.abc import AsyncIterator
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from worker_adapters.base import (
     AdapterEvent,
     Capabilities,
@@ -29,6 +31,7 @@ from worker_adapters.base import (
     Token,
     WorkerAdapter,
 )
+from worker_adapters.registry import EngineDefaults, EngineVariant, ReplicaConfig
 from worker_adapters.sim_json import SchemaSampler, json_pieces
 from worker_adapters.stops import StopMatcher
 
@@ -229,3 +232,47 @@ class SimAdapter(WorkerAdapter):
             features=("seed", "stop", "token_ids", "json_schema"),
             extra={"tokens_per_s": self.tokens_per_s},
         )
+
+
+class SimOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    tokens_per_s: float | None = Field(
+        default=None,
+        ge=0,
+        description="token rate; 0 streams as fast as possible; default: the service's sim setting",
+    )
+    eos_probability: float | None = Field(
+        default=None,
+        ge=0,
+        le=1,
+        description="chance of EOS per token; default: the service's sim setting",
+    )
+    context_size: int = Field(default=8192, description="context size the replica reports")
+    schema_error_probability: float = Field(
+        default=DEFAULT_SCHEMA_ERROR_PROBABILITY,
+        description="chance that each JSON object breaks its schema (json_schema requests)",
+    )
+    unknown_tool_probability: float = Field(
+        default=DEFAULT_UNKNOWN_TOOL_PROBABILITY,
+        description='chance that each string const becomes "unknown_tool"',
+    )
+
+
+def _build(replica: ReplicaConfig, options: SimOptions, defaults: EngineDefaults) -> SimAdapter:
+    return SimAdapter(
+        tokens_per_s=(
+            defaults.sim_tokens_per_s if options.tokens_per_s is None else options.tokens_per_s
+        ),
+        eos_probability=(
+            defaults.sim_eos_probability
+            if options.eos_probability is None
+            else options.eos_probability
+        ),
+        model=replica.model or "sim-1",
+        context_size=options.context_size,
+        schema_error_probability=options.schema_error_probability,
+        unknown_tool_probability=options.unknown_tool_probability,
+    )
+
+
+VARIANT = EngineVariant(adapter=SimAdapter, options=SimOptions, build=_build)

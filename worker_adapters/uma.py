@@ -29,6 +29,8 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from worker_adapters.base import (
     AdapterEvent,
     Capabilities,
@@ -39,6 +41,7 @@ from worker_adapters.base import (
     WorkerAdapter,
 )
 from worker_adapters.errors import AdapterError, EngineFailure, EngineUnavailable
+from worker_adapters.registry import EngineDefaults, EngineVariant, ReplicaConfig, UrlForms
 from worker_adapters.stops import StopMatcher
 from worker_adapters.uma_frames import (
     DEFAULT_MAX_FRAME_BYTES,
@@ -355,3 +358,40 @@ def _count(fields: dict[str, Any], key: str, default: int) -> int:
 def _text(fields: dict[str, Any], key: str) -> str | None:
     value = fields.get(key)
     return value if isinstance(value, str) and value else None
+
+
+class UmaOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    context_size: int = Field(
+        default=0, description="context size to report when the engine's metrics give none"
+    )
+    model_hash: str | None = Field(
+        default=None, description="the model's hash as provenance names it; default: derived"
+    )
+    read_timeout_s: float = Field(default=60.0, description="seconds to wait for each frame")
+
+
+def socket_path(url: str) -> str:
+    """``unix:///run/uma.sock``, ``unix:/run/uma.sock`` or a bare path -> the path."""
+    return url.removeprefix("unix://").removeprefix("unix:")
+
+
+def _build(replica: ReplicaConfig, options: UmaOptions, defaults: EngineDefaults) -> UmaAdapter:
+    assert replica.address is not None  # the pools file requires a url
+    return UmaAdapter(
+        socket_path=replica.address,
+        model=replica.model or "uma",
+        context_size=options.context_size,
+        model_hash=options.model_hash,
+        read_timeout_s=options.read_timeout_s,
+    )
+
+
+VARIANT = EngineVariant(
+    adapter=UmaAdapter,
+    options=UmaOptions,
+    build=_build,
+    url=UrlForms(
+        needs="its Unix socket as url", examples=("unix:/run/uma.sock",), address=socket_path
+    ),
+)

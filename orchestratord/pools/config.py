@@ -7,20 +7,38 @@ A pool may carry its own price (``price:``), written as a price-table entry is, 
 output_per_million_usd: ..}`` or ``{per_decode_second_usd: ..}``, amounts in USD, finite and
 ``>= 0``. It wins over the price table for every step the pool serves (see
 ``orchestrator_core.pricing``).
+
+What a replica takes (``url``, ``slots``, ``options``) is its engine's, as the engine's
+variant says (``worker_adapters.registry``): errors name ``replicas.N.options.FIELD``.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    model_validator,
+)
 
 from orchestrator_core.errors import InvalidParams
 from orchestrator_core.pricing import Price, parse_price
 from orchestratord.yaml_files import line_of, read_yaml
+from worker_adapters.registry import ENGINES, variant
 
-EngineKind = Literal["sim", "llama", "openai", "kakeya", "salience", "uma"]
+
+def _registered(name: str) -> str:
+    if name not in ENGINES:
+        raise ValueError(f"unknown engine {name!r} (known: {', '.join(sorted(ENGINES))})")
+    return name
+
+
+EngineName = Annotated[str, AfterValidator(_registered)]
 
 
 class ReplicaSpec(BaseModel):
@@ -62,7 +80,7 @@ class PoolPrice(BaseModel):
 class PoolSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
     pool_id: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.\-]+$")
-    engine: EngineKind
+    engine: EngineName
     tags: dict[str, str] = Field(default_factory=dict)
     replicas: list[ReplicaSpec] = Field(min_length=1)
     price: PoolPrice | None = Field(
@@ -73,28 +91,25 @@ class PoolSpec(BaseModel):
         return None if self.price is None else self.price.to_price(self.pool_id)
 
     @model_validator(mode="after")
-    def _unique_replicas(self) -> PoolSpec:
+    def _replicas_fit_the_engine(self) -> PoolSpec:
         ids = [r.replica_id for r in self.replicas]
         if len(ids) != len(set(ids)):
             raise ValueError("replica_id values must be unique within a pool")
-        if self.engine == "llama" and any(r.slots != 1 for r in self.replicas):
-            raise ValueError(
-                "a llama replica has exactly one slot (its state is reset per request)"
-            )
-        needs = _URL_EXAMPLES.get(self.engine)
+        engine = variant(self.engine)
+        for replica in self.replicas:
+            if wrong := engine.slots_error(replica.slots):
+                raise ValueError(wrong)
         for i, replica in enumerate(self.replicas):
-            if needs is not None and not replica.url:
-                raise ValueError(f"replicas.{i}.url: a{needs}")
+            if wrong := engine.url_error(replica.url):
+                raise ValueError(f"replicas.{i}.url: {wrong}")
+        errors = [  # each named where it is: replicas.N.options.FIELD
+            error
+            for i, replica in enumerate(self.replicas)
+            for error in engine.option_errors(replica.options, at=("replicas", i, "options"))
+        ]
+        if errors:
+            raise ValidationError.from_exception_data(type(self).__name__, errors)
         return self
-
-
-# engines whose replicas need a url, and what it looks like
-_URL_EXAMPLES = {
-    "openai": "n openai replica needs its base url, e.g. http://host:8000/v1",
-    "kakeya": " kakeya replica needs its gRPC address as url, e.g. 127.0.0.1:50051",
-    "salience": " salience replica needs its gRPC address as url, e.g. 127.0.0.1:50052",
-    "uma": " uma replica needs its Unix socket as url, e.g. unix:/run/uma.sock",
-}
 
 
 class PoolsFile(BaseModel):
@@ -128,12 +143,13 @@ def load_pools_file(path: Path) -> list[PoolSpec]:
         raise PoolConfigError("\n".join(lines)) from exc
 
 
-def local_pool(engine: EngineKind, *, slots: int) -> list[PoolSpec]:
+def local_pool(engine: str, *, slots: int) -> list[PoolSpec]:
+    fixed = variant(engine).slots
     return [
         PoolSpec(
             pool_id="local",
             engine=engine,
             tags={"location": "local"},
-            replicas=[ReplicaSpec(replica_id="r0", slots=1 if engine == "llama" else slots)],
+            replicas=[ReplicaSpec(replica_id="r0", slots=slots if fixed is None else fixed[0])],
         )
     ]

@@ -17,7 +17,7 @@ from orchestratord.engine_requests import generation_request
 from orchestratord.pools.config import PoolSpec, ReplicaSpec
 from orchestratord.settings import Settings
 from worker_adapters import Health, WorkerAdapter
-from worker_adapters.sim import SimAdapter
+from worker_adapters.registry import EngineDefaults, ReplicaConfig, variant
 
 log = logging.getLogger(__name__)
 
@@ -198,86 +198,26 @@ class PoolRegistry:
         )
 
 
+def engine_defaults(settings: Settings) -> EngineDefaults:
+    """What the settings give the engines' factories."""
+    return EngineDefaults(
+        sim_tokens_per_s=settings.sim.tokens_per_s,
+        sim_eos_probability=settings.sim.eos_probability,
+        llama_model_path=settings.llama_model_path,
+    )
+
+
 def build_adapter(engine: str, replica: ReplicaSpec, settings: Settings) -> WorkerAdapter:
-    if engine == "sim":
-        opts = {
-            "tokens_per_s": settings.sim.tokens_per_s,
-            "eos_probability": settings.sim.eos_probability,
-            **replica.options,
-        }
-        return SimAdapter(model=replica.model or "sim-1", **opts)
-    if engine == "llama":
-        from worker_adapters.llama import LlamaAdapter
-
-        return LlamaAdapter(
-            model_path=replica.options.get("model_path") or settings.llama_model_path,
-            n_ctx=int(replica.options.get("n_ctx", 4096)),
-            n_threads=replica.options.get("n_threads"),
-            model=replica.model,
-        )
-    if engine == "openai":
-        from worker_adapters.openai import OpenAIAdapter
-
-        assert replica.url is not None  # the pools file validation requires it
-        return OpenAIAdapter(
-            base_url=replica.url,
-            model=replica.model,
-            api_key=replica.options.get("api_key"),
-            model_hash=replica.options.get("model_hash"),
-            connect_timeout_s=float(replica.options.get("connect_timeout_s", 5.0)),
-            read_timeout_s=float(replica.options.get("read_timeout_s", 60.0)),
-            connections=replica.slots,
-        )
-    if engine in ("kakeya", "salience"):
-        return _session_adapter(engine, replica)
-    if engine == "uma":
-        from worker_adapters.uma import UmaAdapter
-
-        assert replica.url is not None  # the pools file validation requires it
-        return UmaAdapter(
-            socket_path=replica.url.removeprefix("unix://").removeprefix("unix:"),
-            model=replica.model or "uma",
-            context_size=int(replica.options.get("context_size", 0)),
-            model_hash=replica.options.get("model_hash"),
-            read_timeout_s=float(replica.options.get("read_timeout_s", 60.0)),
-        )
-    raise ValueError(f"engine kind {engine!r} is not available in this build")
-
-
-def _session_adapter(engine: str, replica: ReplicaSpec) -> WorkerAdapter:
-    """Kakeya and Salience take raw token ids: the prompt is tokenized here, by the
-    tokenizer the replica names (``options.tokenizer``: ``sim``, or a GGUF file's vocabulary:
-    ``gguf`` for the packaged model, or a path)."""
-    from worker_adapters.sessions import LlamaTokenizer, SimTokenizer, Tokenizer
-
-    assert replica.url is not None  # the pools file validation requires it
-    name = str(replica.options.get("tokenizer", "gguf"))
-    tokenizer: Tokenizer = (
-        SimTokenizer() if name == "sim" else LlamaTokenizer(None if name == "gguf" else name)
+    """The adapter of one replica, by its engine's registered variant."""
+    found = variant(engine)
+    config = ReplicaConfig(
+        replica_id=replica.replica_id,
+        url=replica.url,
+        address=found.address(replica.url),
+        model=replica.model,
+        slots=replica.slots,
     )
-    model = replica.model or ("sim-1" if name == "sim" else "gemma-3-270m")
-    timeout_s = float(replica.options.get("timeout_s", 30.0))
-    if engine == "kakeya":
-        from worker_adapters.kakeya import KakeyaAdapter
-
-        return KakeyaAdapter(
-            target=replica.url,
-            tokenizer=tokenizer,
-            model=model,
-            context_size=int(replica.options.get("context_size", 4096)),
-            model_hash=replica.options.get("model_hash"),
-            timeout_s=timeout_s,
-        )
-    from worker_adapters.salience import SalienceAdapter
-
-    return SalienceAdapter(
-        target=replica.url,
-        tokenizer=tokenizer,
-        model=model,
-        top_logprobs=int(replica.options.get("top_logprobs", 0)),
-        model_hash=replica.options.get("model_hash"),
-        timeout_s=timeout_s,
-    )
+    return found.adapter_for(config, replica.options, engine_defaults(settings))
 
 
 def build_registry(specs: list[PoolSpec], settings: Settings) -> PoolRegistry:

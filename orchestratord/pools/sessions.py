@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from worker_adapters.sessions import EngineSession
+from worker_adapters.session_handle import EngineSession
 
 log = logging.getLogger(__name__)
 

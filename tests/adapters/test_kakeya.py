@@ -15,15 +15,9 @@ from test_harness.kakeya_runtime import LlamaTokenEngine, RunningRuntime, serve_
 from tests.adapters.conftest import ManualClock
 from worker_adapters import AdapterError, EngineFailure, EngineUnavailable, GenerationRequest, Token
 from worker_adapters.kakeya import KakeyaAdapter
-from worker_adapters.sessions import (
-    EngineSession,
-    LlamaTokenizer,
-    SessionDrift,
-    SessionFinish,
-    SessionLost,
-    SimTokenizer,
-    Tokenizer,
-)
+from worker_adapters.session_handle import EngineSession
+from worker_adapters.sessions import SessionDrift, SessionFinish, SessionLost
+from worker_adapters.tokenizers import LlamaTokenizer, SimTokenizer, Tokenizer
 
 PB = load().kakeya
 SINK, WINDOW = 2, 40

@@ -26,6 +26,8 @@ from tests.conftest import make_settings
 from tests.helpers import make_run, submit, tokens_committed, wait_status
 
 ENGINES = ["kakeya", "salience", "uma"]
+# the raw-token engines tokenize here, with the sim's vocabulary (UMA tokenizes itself)
+TOKENIZER = {"kakeya": {"tokenizer": "sim"}, "salience": {"tokenizer": "sim"}}
 
 
 @dataclass
@@ -74,7 +76,7 @@ async def rig_for(engine: str, tmp_path: Path, **options: Any) -> AsyncIterator[
             url=url,
             model="sim-1",
             slots=2,
-            options={"tokenizer": "sim", **options},
+            options={**TOKENIZER.get(engine, {}), **options},
         )
         spec = PoolSpec(pool_id="p", engine=engine, replicas=[replica])
         orch = Orchestrator(settings, pools=build_registry([spec], settings))
@@ -280,7 +282,7 @@ async def test_a_forked_run_forks_its_parents_engine_session(tmp_path: Path) -> 
         (child_sid,) = set(store.sessions) - {parent_sid}
         forked = store.sessions[child_sid]
         assert forked.tokens[: len(shared)] == shared  # the parent's conversation, forked
-        from worker_adapters.sessions import SimTokenizer
+        from worker_adapters.tokenizers import SimTokenizer
 
         # only what the child added was sent: without the fork it would be the whole prompt
         assert forked.received == len(SimTokenizer().encode(history)) - len(shared)
@@ -306,7 +308,7 @@ async def test_drift_between_engine_and_record_is_repaired(engine: str, tmp_path
         two = (await submit(c, run_id, prompt=history, max_tokens=4, token="2")).json()
         done = await wait_status(c, two["step_id"], "failed", "succeeded")
         assert done["status"] == "succeeded", done.get("error")
-        from worker_adapters.sessions import SimTokenizer
+        from worker_adapters.tokenizers import SimTokenizer
 
         (now,) = store.sessions.values()  # the record and this turn, the stray token gone
         assert now.tokens == SimTokenizer().encode(history) + done["output"]["token_ids"]

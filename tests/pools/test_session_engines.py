@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -16,13 +17,15 @@ from orchestratord.api.app import create_app
 from orchestratord.pools.config import PoolConfigError, PoolSpec, ReplicaSpec, load_pools_file
 from orchestratord.pools.registry import build_registry
 from orchestratord.runtime import Orchestrator
-from test_harness.kakeya_runtime import serve_kakeya
+from test_harness.kakeya_runtime import SimTokenEngine, serve_kakeya
 from test_harness.salience_runtime import serve_salience
 from test_harness.uma_runtime import serve_uma
 from tests.conftest import make_settings
 from tests.helpers import make_run, read_stream, submit, wait_status
 
 ENGINES = ["kakeya", "salience", "uma"]
+# the raw-token engines tokenize here, with the sim's vocabulary (UMA tokenizes itself)
+TOKENIZER = {"kakeya": {"tokenizer": "sim"}, "salience": {"tokenizer": "sim"}}
 
 
 @contextlib.asynccontextmanager
@@ -52,7 +55,7 @@ async def client(
     settings = make_settings(f"sqlite:///{tmp_path / 'o.db'}", price_tables_dir=prices)
     async with runtime(engine) as url:
         replica = ReplicaSpec(
-            replica_id="r1", url=url, model="sim-1", slots=2, options={"tokenizer": "sim"}
+            replica_id="r1", url=url, model="sim-1", slots=2, options=TOKENIZER.get(engine, {})
         )
         spec = PoolSpec(pool_id="p", engine=engine, replicas=[replica])
         orch = Orchestrator(settings, pools=build_registry([spec], settings))
@@ -135,7 +138,7 @@ async def two_replicas(
 async def test_a_run_keeps_one_engine_session_and_sends_only_new_tokens(
     engine: str, tmp_path: Path
 ) -> None:
-    from worker_adapters.sessions import SimTokenizer
+    from worker_adapters.tokenizers import SimTokenizer
 
     async with two_replicas(engine, tmp_path) as (orch, runtimes):
         transport = httpx.ASGITransport(app=create_app(orchestrator=orch))
@@ -239,3 +242,92 @@ async def test_strict_replay_of_a_session_run_on_kakeya_is_identical(tmp_path: P
     assert report["diverged"] is False and report["counts"]["identical"] == 3
     # each run has its own engine session (neither run has ended, so both are open)
     assert sum(len(rt.store.sessions) for rt in runtimes) == 2
+
+
+@contextlib.asynccontextmanager
+async def served_pool(
+    engine: str, tmp_path: Path, url: str, options: dict[str, Any]
+) -> AsyncIterator[httpx.AsyncClient]:
+    """One replica at ``url`` read from a pools file, as the server starts it."""
+    pools = tmp_path / "pools.yaml"
+    pools.write_text(
+        f"pools:\n  - pool_id: p\n    engine: {engine}\n    price: {{free: true}}\n"
+        f"    replicas:\n      - replica_id: r1\n        url: {url}\n        options: {options}\n"
+    )
+    settings = make_settings(f"sqlite:///{tmp_path / 'o.db'}", pools_file=pools)
+    orch = Orchestrator(settings)
+    await orch.start()
+    try:
+        transport = httpx.ASGITransport(app=create_app(orchestrator=orch))
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+            yield client
+    finally:
+        await orch.stop()
+
+
+@pytest.mark.parametrize("engine", ["kakeya", "salience"])
+async def test_a_grpc_url_reaches_the_engine_at_its_host_and_port(
+    engine: str, tmp_path: Path
+) -> None:
+    """The contract's ``url: grpc://host:port`` serves a step (it was read as a target name
+    gRPC could not resolve, and the replica was down)."""
+    serve = serve_kakeya if engine == "kakeya" else serve_salience
+    async with serve() as rt:
+        url = f"grpc://{rt.address}"
+        async with served_pool(engine, tmp_path, url, {"tokenizer": "sim"}) as client:
+            (pool,) = (await client.get("/v1/pools")).json()
+            run_id = await make_run(client, seed=5)
+            step_id = (await submit(client, run_id, prompt="alpha beta", max_tokens=4)).json()[
+                "step_id"
+            ]
+            await read_stream(client, f"/v1/steps/{step_id}/stream")
+            step = (await client.get(f"/v1/steps/{step_id}")).json()
+        assert len(rt.store.sessions) == 1  # the run's session, on this engine
+    (replica,) = pool["replicas"]
+    assert pool["health"] == "ready", replica["health"]
+    assert replica["url"] == url  # shown as written
+    assert step["status"] == "succeeded", step.get("error")
+    assert 0 < step["usage"]["tokens_out"] <= 4
+
+
+needs_llama = pytest.mark.skipif(
+    importlib.util.find_spec("llama_cpp") is None, reason="llama_cpp is not installed"
+)
+
+
+@needs_llama
+@pytest.mark.parametrize("engine", ["kakeya", "salience"])
+async def test_the_packaged_tokenizer_is_the_packaged_gguf_s_vocabulary(
+    engine: str, tmp_path: Path
+) -> None:
+    """``options.tokenizer: packaged`` (the contract's name) tokenizes as ``gguf`` does: with
+    the packaged Gemma 3 270M's vocabulary, whose file's hash identifies the model."""
+    from worker_adapters.llama import default_model_path, file_sha256
+    from worker_adapters.tokenizers import LlamaTokenizer, tokenizer_named
+
+    vocabulary = tokenizer_named("packaged")  # read once, shared with the replicas
+    assert isinstance(vocabulary, LlamaTokenizer)
+    engine_side = SimTokenEngine()
+    engine_side.vocab_size = vocabulary.vocab_size  # takes the Gemma ids the prompt becomes
+    runtime = (
+        serve_kakeya(engine=engine_side)
+        if engine == "kakeya"
+        else serve_salience(engine=engine_side, model="gemma-3-270m")
+    )
+    async with runtime as rt:
+        options = {"tokenizer": "packaged"}
+        async with served_pool(engine, tmp_path, rt.address, options) as client:
+            (pool,) = (await client.get("/v1/pools")).json()
+            run_id = await make_run(client)
+            step_id = (await submit(client, run_id, prompt="The sky is", max_tokens=2)).json()[
+                "step_id"
+            ]
+            await read_stream(client, f"/v1/steps/{step_id}/stream")
+            step = (await client.get(f"/v1/steps/{step_id}")).json()
+            (session,) = rt.store.sessions.values()
+            received = list(session.tokens)
+    assert step["status"] == "succeeded", step.get("error")
+    prompt = vocabulary.encode("The sky is")
+    assert received[: len(prompt)] == prompt
+    assert pool["capabilities"]["model_hash"] == file_sha256(default_model_path())
+    assert pool["capabilities"]["model"] == "gemma-3-270m"

@@ -50,7 +50,6 @@ from orchestratord.steps.ending import Ending
 from orchestratord.steps.kinds.base import StepContext
 from orchestratord.steps.kinds.record import StepRecord
 from worker_adapters import AdapterError, EngineUnavailable, Finish, GenerationRequest, Token
-from worker_adapters.sessions import RankedToken
 
 log = logging.getLogger("orchestratord.steps")
 METRICS_EVERY_S = 1.0
@@ -69,6 +68,15 @@ class _Usage:
     tokens_in: int
     tokens_out: int
     cost_usd: float | None  # None: the model has no price
+
+
+@dataclass(frozen=True)
+class _Call:
+    """How an engine call went."""
+
+    stopped: bool = False  # cancelled, or out of budget
+    error: AdapterError | CircuitOpen | None = None
+    replay_stop: str | None = None  # a strict_replay step's: "diverged" | "cap"
 
 
 @dataclass
@@ -137,33 +145,64 @@ class _LlmRun:
         )
 
     async def run(self) -> Ending:
-        ctx, step, run, replica = self.ctx, self.ctx.step, self.ctx.run, self.replica
-        caps = self.pool.identity_of(replica)
-        inp = step.input
-        llm = self.kind.llm_input(inp)
-        model = inp.get("model") or self.pool.model_name
-        determinism = {
-            "seed": run.seed,
+        """Announce the step, call the engine, account for the call, and end the step."""
+        step = self.ctx.step
+        llm = self.kind.llm_input(step.input)
+        model = step.input.get("model") or self.pool.model_name
+        determinism = self._determinism(llm, model)
+        comparator = await self._recorded_stream()
+        self._announce(determinism, model)
+        self.granted = self._grant(llm)
+        request = generation_request(
+            llm, request_id=step.step_id, seed=self.ctx.run.seed, max_tokens=self.granted
+        )
+        redactor = self._redactor(model)
+        progress = _Progress()
+        started = clock.clock.monotonic()
+        call = await self._call_engine(request, progress, redactor, comparator)
+        usage, provenance = self._account(progress, started, determinism)
+        output = {"text": "".join(progress.parts), "token_ids": progress.token_ids}
+        if call.error is not None and not call.stopped:
+            return self._failed(call.error, comparator, output, usage, provenance)
+        diverged = call.replay_stop == "diverged"
+        ended = None if diverged else self._stop_reason(call, progress, comparator)
+        if ended is None:
+            assert comparator is not None
+            return self._diverged(comparator, output, usage, provenance)
+        stop_reason, outcome = ended
+        return self._succeeded(stop_reason, outcome, output, usage, provenance)
+
+    def _determinism(self, llm: LlmInput, model: str) -> dict[str, Any]:
+        """What the step's tokens are a function of, as provenance names it."""
+        caps = self.pool.identity_of(self.replica)
+        return {
+            "seed": self.ctx.run.seed,
             "prompt_hash": llm.prompt_hash,
             "params_hash": llm.params_hash,
             "engine": caps.get("engine", self.pool.engine),
             "engine_version": caps.get("engine_version"),
             "model_hash": caps.get("model_hash"),
             "pool_id": self.pool.pool_id,
-            "replica_id": replica.replica_id,
+            "replica_id": self.replica.replica_id,
             "model": model,
         }
-        comparator = (
-            StreamComparator(await load_recorded_stream(ctx.db, step.replay_of))
-            if step.replay_of is not None
-            else None
-        )
+
+    async def _recorded_stream(self) -> StreamComparator | None:
+        """In a strict_replay run: the recorded step's stream, to compare tokens with."""
+        recorded = self.ctx.step.replay_of
+        if recorded is None:
+            return None
+        return StreamComparator(await load_recorded_stream(self.ctx.db, recorded))
+
+    def _announce(self, determinism: dict[str, Any], model: str) -> None:
+        """``started``, and a narration when the model has no price."""
+        ctx, run = self.ctx, self.ctx.run
         ctx.emit(
             StartedEvent(
                 **determinism,
                 policy_hash=run.policy_hash,
                 price_table=run.price_table,
-                replay_of=step.replay_of,
+                replay_of=ctx.step.replay_of,
             )
         )
         if not self.price.priced:
@@ -174,61 +213,74 @@ class _LlmRun:
                     " tracked, cost_usd is null"
                 )
             )
-        granted = step.max_tokens_granted or llm.params.max_tokens
-        if step.budget_clamped and granted < llm.params.max_tokens:
-            asked = llm.params.max_tokens
-            ctx.emit(
+
+    def _grant(self, llm: LlmInput) -> int:
+        """The step's max_tokens as its budget grants it; a clamp is told on the stream."""
+        step = self.ctx.step
+        asked = llm.params.max_tokens
+        granted = step.max_tokens_granted or asked
+        if step.budget_clamped and granted < asked:
+            self.ctx.emit(
                 NarrationEvent(text=f"max_tokens clamped from {asked} to {granted} by the budget")
             )
-        self.granted = granted
-        request = generation_request(
-            llm, request_id=step.step_id, seed=run.seed, max_tokens=granted
+        return granted
+
+    def _redactor(self, model: str) -> StreamRedactor | None:
+        """The run's policy's redact rules for this step, if any apply."""
+        decision = policy_of(self.ctx.run).evaluate(
+            PolicySubject(step_type=self.ctx.step.type, model=model, pool=self.pool.pool_id)
         )
-        decision = policy_of(run).evaluate(
-            PolicySubject(step_type=step.type, model=model, pool=self.pool.pool_id)
-        )
-        redactor = StreamRedactor(decision.patterns) if decision.patterns else None
-        progress = _Progress()
-        started = clock.clock.monotonic()
-        error: AdapterError | CircuitOpen | None = None
-        replay_stop: str | None = None
-        stopped = False
+        return StreamRedactor(decision.patterns) if decision.patterns else None
+
+    async def _call_engine(
+        self,
+        request: GenerationRequest,
+        progress: _Progress,
+        redactor: StreamRedactor | None,
+        comparator: StreamComparator | None,
+    ) -> _Call:
+        """Stream from the engine through the replica's circuit breaker, which learns from
+        how the call went."""
+        ctx = self.ctx
         try:
             permit = self.breaker.before_call()
         except CircuitOpen as exc:
-            error = exc
-            permit = None
-        if permit is not None:
-            if permit.transition is not None:
-                ctx.emit_escalation(permit.transition)
-            with tracing.span("engine.call", step, replica=replica.replica_id) as call:
-                async with self._session(request) as bound:
-                    stopped, error, replay_stop = await self._stream(
-                        bound, progress, redactor, comparator
-                    )
-                tracing.annotate(
-                    call,
-                    tokens_out=len(progress.parts),
-                    stopped=stopped,
-                    error=None if error is None else ctx.services.scrubber.text(error.message),
-                )
-            # only a replica's own trouble counts (5xx, timeouts, a dead connection): a
-            # request it refused (4xx) says nothing about its health
-            if stopped:
-                permit.release()  # cancelled or out of budget: nothing learnt about the replica
-                transition = None
-            elif isinstance(error, AdapterError) and error.retriable:
-                transition = permit.failure(error.message)
-            else:
-                transition = permit.success()
-            if transition is not None:
-                ctx.emit_escalation(transition)
+            return _Call(error=exc)
+        if permit.transition is not None:
+            ctx.emit_escalation(permit.transition)
+        with tracing.span("engine.call", ctx.step, replica=self.replica.replica_id) as span:
+            async with self._session(request) as bound:
+                call = await self._stream(bound, progress, redactor, comparator)
+            error = call.error
+            tracing.annotate(
+                span,
+                tokens_out=len(progress.parts),
+                stopped=call.stopped,
+                error=None if error is None else ctx.services.scrubber.text(error.message),
+            )
+        # only a replica's own trouble counts (5xx, timeouts, a dead connection): a
+        # request it refused (4xx) says nothing about its health
+        if call.stopped:
+            permit.release()  # cancelled or out of budget: nothing learnt about the replica
+            transition = None
+        elif isinstance(error, AdapterError) and error.retriable:
+            transition = permit.failure(error.message)
+        else:
+            transition = permit.success()
+        if transition is not None:
+            ctx.emit_escalation(transition)
+        return call
+
+    def _account(
+        self, progress: _Progress, started: float, determinism: dict[str, Any]
+    ) -> tuple[_Usage, dict[str, Any]]:
+        """What the call used and cost (observed in the metrics), and the step's provenance."""
+        step, run = self.ctx.step, self.ctx.run
         decode_s = clock.clock.monotonic() - started
         if step.decode_seconds_granted is not None:
             decode_s = min(decode_s, step.decode_seconds_granted)  # stopped there: no more paid
-        finish = progress.finish
         tokens_out = len(progress.parts)
-        tokens_in = finish.tokens_in if finish else 0
+        tokens_in = progress.finish.tokens_in if progress.finish else 0
         self._observe(progress, started, decode_s, tokens_in, tokens_out)
         cost = self.price.charge(tokens_in, tokens_out, decode_s)
         provenance = {
@@ -241,58 +293,77 @@ class _LlmRun:
             "price": self.price.describe(),
             "policy_hash": run.policy_hash,
         }
-        text = "".join(progress.parts)
-        output = {"text": text, "token_ids": progress.token_ids}
-        usage = _Usage(tokens_in, tokens_out, cost)
-        if error is not None and not stopped:
-            if isinstance(error, CircuitOpen):
-                body = {**error.body(), "correlation_id": None, "provenance": provenance}
-            else:
-                code = (
-                    "POOL_UNAVAILABLE" if isinstance(error, EngineUnavailable) else "ENGINE_ERROR"
-                )
-                body = {
-                    "code": code,
-                    "message": error.message,
-                    "retriable": error.retriable,
-                    "retry_after_ms": None,
-                    "details": {
-                        "pool_id": self.pool.pool_id,
-                        "replica_id": replica.replica_id,
-                        "tokens_out": tokens_out,
-                    },
-                    "correlation_id": None,
-                    "provenance": provenance,
-                }
-            if comparator is not None and comparator.finish(None, body["code"]) is not None:
-                return self._diverged(comparator, output, usage, provenance)
-            return _error(body, output, usage, provenance, "identical" if comparator else None)
-        if replay_stop == "diverged":
-            assert comparator is not None
-            return self._diverged(comparator, output, usage, provenance)
-        outcome = None
-        if replay_stop == "cap":
-            assert comparator is not None
-            stop_reason = comparator.recorded.stop_reason or "cancelled"
-            outcome = "identical"
-        elif stopped:
-            stop_reason = "budget" if ctx.budget_stop else "cancelled"
-            if comparator is not None and ctx.budget_stop:
-                if comparator.finish(stop_reason) is not None:  # the record went on
-                    return self._diverged(comparator, output, usage, provenance)
-                outcome = "identical"
-            elif comparator is not None:
-                outcome = "cancelled"  # asked to stop: nothing to compare
+        return _Usage(tokens_in, tokens_out, cost), provenance
+
+    def _failed(
+        self,
+        error: AdapterError | CircuitOpen,
+        comparator: StreamComparator | None,
+        output: dict[str, Any],
+        usage: _Usage,
+        provenance: dict[str, Any],
+    ) -> Ending:
+        """End a step whose engine call failed (or whose replica's circuit is open)."""
+        if isinstance(error, CircuitOpen):
+            body = {**error.body(), "correlation_id": None, "provenance": provenance}
         else:
+            code = "POOL_UNAVAILABLE" if isinstance(error, EngineUnavailable) else "ENGINE_ERROR"
+            body = {
+                "code": code,
+                "message": error.message,
+                "retriable": error.retriable,
+                "retry_after_ms": None,
+                "details": {
+                    "pool_id": self.pool.pool_id,
+                    "replica_id": self.replica.replica_id,
+                    "tokens_out": usage.tokens_out,
+                },
+                "correlation_id": None,
+                "provenance": provenance,
+            }
+        if comparator is not None and comparator.finish(None, body["code"]) is not None:
+            return self._diverged(comparator, output, usage, provenance)
+        return _error(body, output, usage, provenance, "identical" if comparator else None)
+
+    def _stop_reason(
+        self, call: _Call, progress: _Progress, comparator: StreamComparator | None
+    ) -> tuple[str, str | None] | None:
+        """The step's stop reason and replay outcome; None where a strict_replay record went
+        on past where this stream ended (a divergence)."""
+        ctx = self.ctx
+        if call.replay_stop == "cap":  # the record stopped here, for timing
+            assert comparator is not None
+            return comparator.recorded.stop_reason or "cancelled", "identical"
+        if call.stopped:
+            stop_reason = "budget" if ctx.budget_stop else "cancelled"
+            if comparator is None:
+                return stop_reason, None
+            if not ctx.budget_stop:
+                return stop_reason, "cancelled"  # asked to stop: nothing to compare
+        else:
+            finish = progress.finish
             stop_reason = finish.stop_reason if finish else "eos"
-            if stop_reason == "length" and step.budget_clamped and tokens_out >= granted:
+            clamped = ctx.step.budget_clamped and len(progress.parts) >= self.granted
+            if stop_reason == "length" and clamped:
                 stop_reason = "budget"
-            if comparator is not None:
-                if comparator.finish(stop_reason) is not None:
-                    return self._diverged(comparator, output, usage, provenance)
-                outcome = "identical"
+            if comparator is None:
+                return stop_reason, None
+        if comparator.finish(stop_reason) is not None:
+            return None
+        return stop_reason, "identical"
+
+    def _succeeded(
+        self,
+        stop_reason: str,
+        outcome: str | None,
+        output: dict[str, Any],
+        usage: _Usage,
+        provenance: dict[str, Any],
+    ) -> Ending:
+        """End a step whose stream ended (or was stopped): succeeded, or cancelled."""
+        ctx, step = self.ctx, self.ctx.step
         if stop_reason != "cancelled":
-            output.update(self.kind.after_stream(ctx, inp, text, stop_reason))
+            output.update(self.kind.after_stream(ctx, step.input, output["text"], stop_reason))
         status = StepStatus.CANCELLED if stop_reason == "cancelled" else StepStatus.SUCCEEDED
         log.info(
             "step ended",
@@ -307,14 +378,14 @@ class _LlmRun:
             status=status,
             event=EndEvent(
                 stop_reason=stop_reason,
-                tokens_in=tokens_in,
-                tokens_out=tokens_out,
+                tokens_in=usage.tokens_in,
+                tokens_out=usage.tokens_out,
                 provenance=Provenance(**provenance),
             ),
             output={**output, "stop_reason": stop_reason},
-            tokens_in=tokens_in,
-            tokens_out=tokens_out,
-            cost_usd=cost,
+            tokens_in=usage.tokens_in,
+            tokens_out=usage.tokens_out,
+            cost_usd=usage.cost_usd,
             provenance=provenance,
             replay_outcome=outcome,
         )
@@ -354,10 +425,8 @@ class _LlmRun:
         progress: _Progress,
         redactor: StreamRedactor | None,
         comparator: StreamComparator | None,
-    ) -> tuple[bool, AdapterError | None, str | None]:
-        """Stream the engine's tokens into the log until it ends or the step must stop.
-
-        Returns (stopped, adapter error, replay stop reason)."""
+    ) -> _Call:
+        """Stream the engine's tokens into the log until it ends or the step must stop."""
         replica = self.replica
         error: AdapterError | None = None
         replay_stop: str | None = None
@@ -387,7 +456,7 @@ class _LlmRun:
             waiter.cancel()
             with contextlib.suppress(Exception):
                 await gen.aclose()  # type: ignore[attr-defined]
-        return stopped, error, replay_stop
+        return _Call(stopped=stopped, error=error, replay_stop=replay_stop)
 
     def _diverged(
         self,
@@ -464,7 +533,7 @@ class _LlmRun:
                             for alt in token.alternatives
                         ]
                     }
-                    if isinstance(token, RankedToken) and token.alternatives
+                    if token.alternatives
                     else {}
                 )
                 steplog.emit(
@@ -502,12 +571,12 @@ class _LlmRun:
                 if redactor is not None:
                     for text in redactor.flush():
                         emit(held.popleft(), text)
-                if dropped := getattr(item, "truncated", 0):  # a session-bound engine's
-                    reason = getattr(item, "engine_reason", "") or item.stop_reason
+                if item.truncated:  # the engine dropped session history to fit its window
+                    reason = item.engine_reason or item.stop_reason
                     self.ctx.emit(
                         NarrationEvent(
-                            text=f"the engine dropped {dropped} tokens of the run's session "
-                            f"history to fit its window (its stop reason: {reason})"
+                            text=f"the engine dropped {item.truncated} tokens of the run's "
+                            f"session history to fit its window (its stop reason: {reason})"
                         )
                     )
                 progress.finish = item
