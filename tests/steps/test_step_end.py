@@ -4,6 +4,8 @@ ended again, and its run's account is untouched."""
 
 from __future__ import annotations
 
+import dataclasses
+import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import timedelta
@@ -12,6 +14,7 @@ from typing import Any, cast
 import httpx
 import pytest
 import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
 
 from contracts.events import EndEvent, NarrationEvent
 from orchestrator_core import clock
@@ -21,7 +24,7 @@ from orchestratord.db.models import Run, Step
 from orchestratord.db.prepared import Target
 from orchestratord.eventlog import LogEvent, log_event
 from orchestratord.runtime import Orchestrator
-from orchestratord.steps.ending import Ending
+from orchestratord.steps.ending import Ending, StepEnd
 from orchestratord.steps.ends import ending_finalizer
 from tests.helpers import make_run, stored_events, submit, trace_asyncpg, wait_status
 
@@ -351,3 +354,23 @@ async def test_the_last_step_of_a_cancelling_run_ends_it_in_the_batchs_transacti
         assert ("WITH locked AS", True) in statements[1:]
     assert (await client.get(f"/v1/runs/{runs[0]}")).json()["status"] == "cancelled"
     assert (await stored_events(orch.db, run_id=runs[0]))[-1].type == "run_end"
+
+
+def _set_columns(update: Any) -> set[str]:
+    """The columns an UPDATE sets, read from its PostgreSQL text."""
+    sql = str(update.compile(dialect=postgresql.dialect()))  # type: ignore[no-untyped-call]
+    sets = re.split(r" FROM | WHERE ", sql.split(" SET ", 1)[1], maxsplit=1)[0]
+    return {part.split("=", 1)[0].strip() for part in re.split(r",\s*(?=\w+=)", sets)}
+
+
+def test_every_statement_ending_steps_sets_the_columns_of_step_end() -> None:
+    """One definition: each shape (one step, several in one statement, several beside their
+    terminal events) sets each field of ``StepEnd`` and what the lifecycle's end implies."""
+    from orchestratord.steps import ends
+
+    fields = {f.name for f in dataclasses.fields(StepEnd)}
+    assert fields <= set(Step.__table__.columns.keys())
+    implied = {"ended_at", "lease_owner", "lease_expires_at"}
+    shapes = [ends._ENDS_RUNNING, ends._ENDED_MANY.element, ends._ALONGSIDE_ENDED.element]
+    for shape in shapes:
+        assert _set_columns(shape) == fields | implied
