@@ -42,6 +42,13 @@ class Tx:
         return on if isinstance(on, AsyncSession) else on.session
 
     @property
+    def joined(self) -> AsyncSession | None:
+        """The session in this transaction if one was made (the ORM may hold what a statement
+        changes), else ``None``; asking does not make one."""
+        on = self._on
+        return on if isinstance(on, AsyncSession) else on.joined
+
+    @property
     def target(self) -> _Target:
         """Where prepared statements run (``db/prepared.py``): the session once there is one
         (it flushes what it holds first), else the driver's transaction."""

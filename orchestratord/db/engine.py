@@ -50,6 +50,7 @@ from orchestratord.db.prepared import (
     _SqliteTx,
     _Target,
     check_asyncpg_adapter,
+    check_session,
     commit_on_asyncpg,
 )
 from orchestratord.tx import Tx
@@ -201,8 +202,9 @@ class Database:
         # PostgreSQL on asyncpg: connections held between session-less write transactions,
         # each with its asyncpg adapter
         self._pg_driver = self.dialect == "postgresql"
+        check_session()  # refuses a SQLAlchemy whose internals used differ
         if self._pg_driver:
-            check_asyncpg_adapter()  # refuses a SQLAlchemy whose adapter differs
+            check_asyncpg_adapter()
         self._held = HeldConnections(self.engine, max(1, pool_size // 2))
         # as many of them run at once as are kept: more would open connections (and prepare
         # their statements again) only to share the same core; a burst waits its turn, first

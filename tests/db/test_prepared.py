@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from datetime import UTC, datetime
+from decimal import Decimal
 from typing import Any, cast
 
 import pytest
@@ -14,7 +15,7 @@ from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from orchestratord.db.engine import Database
-from orchestratord.db.models import Flow, Run
+from orchestratord.db.models import Flow, Run, Ts
 from orchestratord.db.prepared import (
     Prepared,
     _PgTx,
@@ -283,13 +284,13 @@ async def test_a_session_joins_the_driver_transaction_and_both_commit_or_roll_ba
         with contextlib.suppress(RuntimeError):
             async with db.write_tx() as on:
                 tx = Tx(on)
-                await _SET_STATUS.rows(tx.target, {"id": "run_k", "s": "cancelling"})
+                await _SET_STATUS.rows(tx, {"id": "run_k", "s": "cancelling"})
                 run = await tx.session.get(Run, "run_l")
                 assert run is not None
                 run.status = "cancelling"
                 # the session holds a change: a statement after it sees it (it is flushed)
-                assert tx.target is tx.session
-                assert await _RUNNING_BY_ID.rows(tx.target, {"id": "run_l"}) == []
+                assert tx.target is tx.session is tx.joined
+                assert await _RUNNING_BY_ID.rows(tx, {"id": "run_l"}) == []
                 if fail:
                     raise RuntimeError("abort")
         await _both_or_neither(db, fail, "run_k", "run_l")
@@ -299,9 +300,10 @@ async def test_a_transaction_of_prepared_statements_makes_no_session(db: Databas
     await _seed(db, _run("run_m"))
     async with db.write_tx() as on:
         tx = Tx(on)
-        await _SET_STATUS.rows(tx.target, {"id": "run_m", "s": "cancelling"})
+        await _SET_STATUS.rows(tx, {"id": "run_m", "s": "cancelling"})
         made = isinstance(on, AsyncSession) or on.joined is not None
-    assert made is (not db.on_driver)  # PostgreSQL: a session from the start
+        assert (tx.joined is not None) is made
+    assert made is (not db.on_driver)  # on the driver: SQLite in a file, PostgreSQL
     async with db.read() as session:
         assert (await session.get(Run, "run_m")).status == "cancelling"  # type: ignore[union-attr]
 
@@ -686,3 +688,46 @@ async def test_the_event_writers_transactions_have_a_connection_of_their_own(
     finally:
         for conn in taken:
             await conn.close()
+
+
+_TYPED = Prepared(
+    sa.select(
+        sa.bindparam("at", type_=Ts),
+        sa.bindparam("doc", type_=sa.JSON),
+        sa.bindparam("flag", type_=sa.Boolean),
+        sa.bindparam("n", type_=sa.BigInteger),
+        sa.bindparam("x", type_=sa.Float),
+        sa.bindparam("d", type_=sa.Numeric(10, 3)),
+        sa.bindparam("s", type_=sa.String),
+        sa.literal(datetime(2026, 3, 4, 5, 6, 7, 89, tzinfo=UTC), Ts),  # of the statement
+        sa.literal({"k": [1, None, "é"]}, sa.JSON),
+    )
+)
+
+
+@pytest.mark.parametrize("on", ["session", "driver"])
+async def test_each_type_converts_as_through_the_session(db: Database, on: str) -> None:
+    """Parameters and results of every kind of column the service stores, converted by the
+    processors the types give through SQLAlchemy's public API: the same values as the
+    session's own execution of the statement returns (as it converts them)."""
+    assert isinstance(_TYPED.stmt, sa.Select)
+    params = {
+        "at": datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=UTC),
+        "doc": {"a": [1, 2.5, "x"], "b": {"c": None, "d": True}},
+        "flag": True,
+        "n": 2**40,
+        "x": 0.125,
+        "d": Decimal("12.345"),
+        "s": "naïve ✓",
+    }
+    async with db.read() as session:
+        expected = tuple((await session.execute(_TYPED.stmt, params)).one())
+    if on == "session":
+        async with db.read() as session:
+            got = await _TYPED.first(session, params)
+    else:
+        async with db.driver_write() as tx:
+            got = await _TYPED.first(tx, params)
+    assert got == expected
+    assert [type(v) for v in got] == [type(v) for v in expected]
+    assert got[0] == params["at"] and got[1] == params["doc"] and got[5] == Decimal("12.345")

@@ -1,8 +1,8 @@
 """What ``db/prepared.py`` relies on in SQLAlchemy: public API for compiling and converting
 (checked here against what SQLAlchemy's own execution applies, for every prepared statement
-of the service), and the few attributes of its asyncpg adapter that have none
-(``ASYNCPG_ADAPTER``): a SQLAlchemy without one of them is refused when the database opens,
-naming it, never run on another path in silence."""
+of the service), and the few attributes of its asyncpg adapter (``ASYNCPG_ADAPTER``) and of
+the ORM's session (``ORM_SESSION``) that have none: a SQLAlchemy without one of them is
+refused when the database opens, naming it, never run on another path in silence."""
 
 from __future__ import annotations
 
@@ -23,16 +23,29 @@ from orchestratord.db import prepared
 from orchestratord.db.engine import Database
 from orchestratord.db.prepared import (
     ASYNCPG_ADAPTER,
+    ORM_SESSION,
     Prepared,
     _Compiled,
     bind_processor,
     check_asyncpg_adapter,
+    check_session,
     result_processor,
 )
 
 
-def test_the_installed_sqlalchemys_asyncpg_adapter_has_what_is_used_of_it() -> None:
+def test_the_installed_sqlalchemy_has_what_is_used_of_it() -> None:
     check_asyncpg_adapter()  # raises, naming what is missing
+    check_session()
+
+
+def test_a_session_lacking_an_attribute_is_refused_naming_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from sqlalchemy.orm import Session
+
+    monkeypatch.delattr(Session, "_is_clean")
+    with pytest.raises(RuntimeError, match="ORM Session has no _is_clean "):
+        Database("sqlite:///:memory:")
 
 
 @pytest.mark.parametrize("name", sorted(ASYNCPG_ADAPTER))
@@ -75,8 +88,10 @@ def test_the_module_reads_no_private_attribute_but_the_adapters_named_ones() -> 
         ):
             base = ast.unparse(node.value)
             read.setdefault(node.attr, set()).add(base)
-    assert set(read) == set(ASYNCPG_ADAPTER), read
-    assert all(bases == {"adapted"} for bases in read.values()), read
+    assert read == {
+        **{name: {"adapted"} for name in ASYNCPG_ADAPTER},
+        **{name: {"session"} for name in ORM_SESSION},
+    }
 
 
 def _every_prepared_statement() -> list[Prepared]:
@@ -96,11 +111,13 @@ def _dialects() -> list[Dialect]:
 
 
 def _same(ours: Any, theirs: Any) -> bool:
-    """The same converter: both none, or one made by the same code (closures of one
-    factory are new objects each time they are asked for)."""
+    """The same converter: both none, or made by the same code (closures of one factory
+    are new objects each time they are asked for, as are the compiled factories')."""
     if ours is None or theirs is None:
         return ours is theirs
-    return bool(getattr(ours, "__code__", ours) == getattr(theirs, "__code__", theirs))
+    if hasattr(ours, "__code__") or hasattr(theirs, "__code__"):
+        return bool(getattr(ours, "__code__", None) == getattr(theirs, "__code__", None))
+    return ours == theirs or type(ours) is type(theirs)  # a compiled one's instance
 
 
 def _same_or_refused(ours: Any, theirs: Any) -> bool:
