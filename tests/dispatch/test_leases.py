@@ -14,10 +14,19 @@ import pytest
 
 from orchestratord.api.app import create_app
 from orchestratord.db.models import Step
+from orchestratord.dispatcher import Dispatcher
 from orchestratord.runtime import Orchestrator
 from orchestratord.settings import Settings
+from orchestratord.steps.running import ClaimedStep
 from tests.conftest import make_settings
-from tests.helpers import make_run, read_stream, submit, tokens_committed, wait_status
+from tests.helpers import (
+    follower_waits,
+    make_run,
+    read_stream,
+    submit,
+    tokens_committed,
+    wait_status,
+)
 
 LEASE = {"lease_s": 0.6}
 
@@ -170,8 +179,24 @@ def pg_only(db_url: str) -> str:
     return db_url
 
 
+def _started_elsewhere(
+    here: Orchestrator, step_id: str, monkeypatch: pytest.MonkeyPatch
+) -> asyncio.Event:
+    """Set when a dispatcher other than ``here``'s starts executing ``step_id``."""
+    started = asyncio.Event()
+    real = Dispatcher._start
+
+    def start(self: Dispatcher, claimed: list[ClaimedStep]) -> None:
+        real(self, claimed)
+        if self is not here.dispatcher and step_id in self.executions:
+            started.set()
+
+    monkeypatch.setattr(Dispatcher, "_start", start)
+    return started
+
+
 async def test_an_expired_lease_is_taken_over_and_its_stalled_holder_lets_go(
-    pg_only: str,
+    pg_only: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A holder that stops renewing (stalled, not dead) loses the step to another process;
     when it wakes, it abandons the step without writing into its log."""
@@ -183,11 +208,9 @@ async def test_an_expired_lease_is_taken_over_and_its_stalled_holder_lets_go(
         await wait_status(client, step_id, "running")
         await first.keeper.stop()  # stalled: no renewal, no claim from here on
         first.dispatcher.pause()
+        started = _started_elsewhere(first, step_id, monkeypatch)
         async with serving(second_settings) as (second, client_b):
-            for _ in range(200):
-                if second.dispatcher.executions.get(step_id) is not None:
-                    break
-                await asyncio.sleep(0.05)
+            await asyncio.wait_for(started.wait(), 10)
             assert step_id in second.dispatcher.executions  # reaped, queued, claimed by B
             await first.keeper.renew()  # the stalled holder wakes up
             assert step_id not in first.dispatcher.executions or (
@@ -201,7 +224,9 @@ async def test_an_expired_lease_is_taken_over_and_its_stalled_holder_lets_go(
             assert [e.event for e in events].count("end") == 1
 
 
-async def test_drain_lets_go_of_running_steps_and_ends_streams(db_url: str) -> None:
+async def test_drain_lets_go_of_running_steps_and_ends_streams(
+    db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     settings = lease_settings(db_url)
     async with serving(settings) as (first, client):
         run_id = await make_run(client)
@@ -211,8 +236,9 @@ async def test_drain_lets_go_of_running_steps_and_ends_streams(db_url: str) -> N
         async def follow() -> list[Any]:
             return await read_stream(client, f"/v1/steps/{step_id}/stream")
 
+        waits = follower_waits(first, monkeypatch)
         follower = asyncio.create_task(follow())
-        await asyncio.sleep(0.1)
+        await asyncio.wait_for(waits.wait(), 10)  # it read what there is, and waits for more
         await asyncio.wait_for(first.drain(0.2), 10)
         events = await asyncio.wait_for(follower, 10)  # the stream ended, not the step
         assert events[0].event == "started" and events[-1].event not in ("end", "error")
