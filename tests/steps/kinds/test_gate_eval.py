@@ -8,7 +8,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.helpers import make_flow, make_run, read_stream, wait_status
+from orchestratord.runtime import Orchestrator
+from tests.helpers import follower_waits, make_flow, make_run, read_stream, wait_status
 
 
 async def gate(
@@ -85,12 +86,15 @@ async def test_a_value_that_is_no_boolean_fails_the_step(
     assert step["error"]["code"] == "GATE_EXPR_INVALID"
 
 
-async def test_a_waiting_gate_is_woken_by_a_fact(client: httpx.AsyncClient) -> None:
+async def test_a_waiting_gate_is_woken_by_a_fact(
+    client: httpx.AsyncClient, orch: Orchestrator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    waits = follower_waits(orch, monkeypatch)
     run_id = await make_run(client)
     r = await gate(client, run_id, 'facts.exists(f, f.type == "done")', wait_ms=60_000)
     step_id = r.json()["step_id"]
     await wait_status(client, step_id, "running")
-    await asyncio.sleep(0.05)
+    await asyncio.wait_for(waits.wait(), 10)  # evaluated false, it waits for a fact
     assert (await client.get(f"/v1/steps/{step_id}")).json()["status"] == "running"
     await fact(client, run_id, "other", 1)  # wakes it: still false
     await fact(client, run_id, "done", 1)
