@@ -16,14 +16,23 @@ every admitted step holds its worst case until it settles, concurrent steps cann
   one it runs, reserves no cost, and settles a cost of ``None`` that the run counts apart.
 - ``max_wall_ms``: a run's wall clock starts at its creation; a step's at its start. A step
   is stopped (``budget``) at the earlier deadline; no step starts after the run's.
+
+The rule a reservation keeps is written once, here: for each metered limit (``METERED``),
+what settled steps used plus what running steps hold plus what this step would hold is at
+most the limit (:func:`fits`). :func:`plan` applies it to the ledger a submission read;
+the database applies the same function to the run's row as it reserves
+(``orchestratord/runs/ledger.RESERVE``), so racing submissions cannot overshoot.
+:class:`StepBudget` is what one submission asks of its budgets: the price check, the plan.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields
+from datetime import datetime
 from typing import Any
 
+from orchestrator_core import clock
 from orchestrator_core.errors import OrchestratorError
 from orchestrator_core.pricing import Price, Unpriced
 
@@ -81,6 +90,40 @@ class Ledger:
 
 
 @dataclass(frozen=True)
+class Metered:
+    """A limit a reservation counts against, by the names of its fields: the ``Limits``
+    field, the ``Ledger``'s used and reserved fields, the ``Reservation``'s field."""
+
+    limit: str
+    used: str
+    reserved: str
+    need: str
+
+
+METERED = (
+    Metered("max_tokens_in", "used_in", "reserved_in", "tokens_in"),
+    Metered("max_tokens_out", "used_out", "reserved_out", "tokens_out"),
+    Metered("max_cost_usd", "used_cost", "reserved_cost", "cost_usd"),
+)
+
+
+def fits(used: Any, reserved: Any, need: Any, limit: Any) -> Any:
+    """The budget rule, for one metered limit: what settled steps used, plus what running
+    steps hold, plus what this step would hold, is at most the limit. On numbers (a bool),
+    or on a statement's columns and parameters (its condition): the database checks the
+    reservation by this very rule (``orchestratord/runs/ledger.RESERVE``)."""
+    return used + reserved + need <= limit
+
+
+# the plan rounds costs to 1e-9: a reservation planned to the limit fits with this much past it
+COST_MARGIN = 1e-9
+# a ledger not read (a run as a process kept it) may hold more than it shows: a reservation
+# planned on it fits only with room to spare for the plan's rounding, so that the ledger,
+# whatever it holds now, gives this very reservation; at the boundary a fresh read decides
+UNREAD_COST_MARGIN = -2 * COST_MARGIN
+
+
+@dataclass(frozen=True)
 class Remaining:
     tokens_in: int | None
     tokens_out: int | None
@@ -95,6 +138,9 @@ class Remaining:
 
 
 def remaining(limits: Limits, ledger: Ledger) -> Remaining:
+    """What each limit leaves (None: no limit): the room :func:`fits` checks a need against,
+    never below 0."""
+
     def left(limit: float | None, used: float, reserved: float) -> Any:
         return None if limit is None else max(0, limit - used - reserved)
 
@@ -205,6 +251,52 @@ def plan(
         clamped=out < max_tokens,
         decode_seconds=decode_seconds,
     )
+
+
+@dataclass(frozen=True)
+class StepBudget:
+    """The budgets one step is submitted under: its run's limits, its own (which narrow
+    them), and when its run began (the run's wall clock starts then)."""
+
+    run: Limits
+    step: Limits
+    run_created_at: datetime
+
+    @classmethod
+    def of(
+        cls,
+        run_budgets: dict[str, Any] | None,
+        step_budgets: dict[str, Any] | None,
+        run_created_at: datetime,
+    ) -> StepBudget:
+        """From the run's and the step's ``budgets`` as stored (None: no limits)."""
+        return cls(Limits.from_dict(run_budgets), Limits.from_dict(step_budgets), run_created_at)
+
+    def run_elapsed_ms(self) -> float:
+        return (clock.now() - self.run_created_at).total_seconds() * 1000
+
+    def require_price(self, price: Price, *, engine: str, model: str, price_table: str) -> None:
+        """See :func:`require_price`."""
+        require_price(
+            price, run=self.run, step=self.step, engine=engine, model=model, price_table=price_table
+        )
+
+    def plan(self, ledger: Ledger, *, tokens_in: int, max_tokens: int, price: Price) -> Reservation:
+        """An engine step's reservation against ``ledger`` (see :func:`plan`), the run's wall
+        clock read now."""
+        return plan(
+            run=self.run,
+            step=self.step,
+            ledger=ledger,
+            tokens_in=tokens_in,
+            max_tokens=max_tokens,
+            price=price,
+            run_elapsed_ms=self.run_elapsed_ms(),
+        )
+
+    def plan_unmetered(self) -> Reservation:
+        """A step that uses no engine (see :func:`plan_unmetered`)."""
+        return plan_unmetered(run=self.run, run_elapsed_ms=self.run_elapsed_ms())
 
 
 def _cost_scope(step: Limits, left: Remaining) -> str:

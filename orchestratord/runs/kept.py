@@ -3,8 +3,8 @@
 A run's settings (flow, mode, seed, budgets, policies, price table, creation time) never
 change once it exists. What does change (its status, its ledger, its step count) is kept as
 last seen and is only a hint: whoever uses a kept run checks what changes in the database,
-in the statement that writes (``steps/submission.py``), and reads the run again when that
-check fails. So a kept run is safe across processes: another process may end the run or
+in the statement that writes (``steps/submission/fast_path.py``), and reads the run again
+when that check fails. So a kept run is safe across processes: another process may end the run or
 spend its budget, and the check sees it.
 """
 

@@ -9,10 +9,19 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from orchestrator_core import clock
-from orchestrator_core.budgets import Ledger, Limits, Reservation
+from orchestrator_core.budgets import (
+    COST_MARGIN,
+    METERED,
+    Ledger,
+    Limits,
+    Metered,
+    Reservation,
+    fits,
+)
 from orchestrator_core.lifecycle import RunStatus
 from orchestratord.db.models import Run
-from orchestratord.db.prepared import Prepared, Target
+from orchestratord.db.prepared import Prepared
+from orchestratord.tx import Tx
 
 
 class Held(Protocol):
@@ -72,44 +81,54 @@ async def read_account(session: AsyncSession, *, run_id: str) -> tuple[str, Ledg
 
 _RUNS = cast(sa.Table, Run.__table__)  # Core statements: no ORM bulk-update pass
 _NO_LIMIT = 2**62  # stands for an unset limit, so one prepared statement serves every run
-# the conditional UPDATE of ``reserve`` (parameters: ``reserve_params``; its row: ``reserved``)
+
+
+# the run's column of each ``Ledger`` field, in the ledger's order
+_LEDGER = {
+    "used_in": _RUNS.c.tokens_in_used,
+    "used_out": _RUNS.c.tokens_out_used,
+    "used_cost": _RUNS.c.cost_used_usd,
+    "reserved_in": _RUNS.c.tokens_in_reserved,
+    "reserved_out": _RUNS.c.tokens_out_reserved,
+    "reserved_cost": _RUNS.c.cost_reserved_usd,
+}
+# the parameters of each metered limit (``budgets.METERED``): the step's need, the limit
+_NEED_AND_LIMIT = {
+    "max_tokens_in": ("tokens_in", "max_in", sa.BigInteger),
+    "max_tokens_out": ("tokens_out", "max_out", sa.BigInteger),
+    "max_cost_usd": ("cost", "max_cost", sa.Float),
+}
+
+
+def _fits(m: Metered) -> sa.ColumnElement[bool]:
+    need, limit, type_ = _NEED_AND_LIMIT[m.limit]
+    used, held = _LEDGER[m.used], _LEDGER[m.reserved]
+    return cast(
+        sa.ColumnElement[bool],
+        fits(used, held, sa.bindparam(need, type_=type_), sa.bindparam(limit, type_=type_)),
+    )
+
+
+# the conditional UPDATE of ``reserve`` (parameters: ``reserve_params``; its row: ``reserved``):
+# the run still takes steps, and the step fits each metered limit by the budget rule
 RESERVE = (
     _RUNS.update()
     .where(
         _RUNS.c.run_id == sa.bindparam("b_run_id"),
         _RUNS.c.status == RunStatus.RUNNING.value,  # a run that still takes steps
-        _RUNS.c.tokens_in_used
-        + _RUNS.c.tokens_in_reserved
-        + sa.bindparam("tokens_in", type_=sa.BigInteger)
-        <= sa.bindparam("max_in", type_=sa.BigInteger),
-        _RUNS.c.tokens_out_used
-        + _RUNS.c.tokens_out_reserved
-        + sa.bindparam("tokens_out", type_=sa.BigInteger)
-        <= sa.bindparam("max_out", type_=sa.BigInteger),
-        _RUNS.c.cost_used_usd + _RUNS.c.cost_reserved_usd + sa.bindparam("cost", type_=sa.Float)
-        <= sa.bindparam("max_cost", type_=sa.Float),
+        *(_fits(m) for m in METERED),
     )
     .values(
         step_count=_RUNS.c.step_count + 1,
         updated_at=sa.bindparam("b_now", type_=_RUNS.c.updated_at.type),
-        tokens_in_reserved=_RUNS.c.tokens_in_reserved + sa.bindparam("tokens_in"),
-        tokens_out_reserved=_RUNS.c.tokens_out_reserved + sa.bindparam("tokens_out"),
-        cost_reserved_usd=_RUNS.c.cost_reserved_usd + sa.bindparam("cost"),
+        **{
+            _LEDGER[m.reserved].key: _LEDGER[m.reserved] + sa.bindparam(_NEED_AND_LIMIT[m.limit][0])
+            for m in METERED
+        },
     )
-    .returning(
-        _RUNS.c.step_count,
-        _RUNS.c.tokens_in_used,
-        _RUNS.c.tokens_out_used,
-        _RUNS.c.cost_used_usd,
-        _RUNS.c.tokens_in_reserved,
-        _RUNS.c.tokens_out_reserved,
-        _RUNS.c.cost_reserved_usd,
-    )
+    .returning(_RUNS.c.step_count, *_LEDGER.values())
 )
 _RESERVE = Prepared(RESERVE)
-
-
-COST_MARGIN = 1e-9  # the plan rounds costs to 1e-9: a reservation planned to the limit fits
 
 
 def reserve_params(
@@ -137,7 +156,7 @@ def reserved(row: tuple[Any, ...]) -> tuple[int, Ledger]:
 
 
 async def reserve(
-    target: Target, *, run_id: str, limits: Limits, reservation: Reservation
+    tx: Tx | AsyncSession, *, run_id: str, limits: Limits, reservation: Reservation
 ) -> tuple[int, Ledger] | None:
     """Take the step's position and add its reservation, only if it still fits.
 
@@ -146,7 +165,7 @@ async def reserve(
     (position, the run's ledger after it), or None when it no longer fits or the run no
     longer takes steps (it ended since it was read).
     """
-    row = await _RESERVE.first(target, reserve_params(run_id, limits, reservation))
+    row = await _RESERVE.first(tx, reserve_params(run_id, limits, reservation))
     return None if row is None else reserved(row)
 
 
@@ -177,7 +196,7 @@ async def unreserve(session: AsyncSession, *, run_id: str, reservation: Reservat
 
 
 async def settle(
-    target: Target,
+    tx: Tx | AsyncSession,
     *,
     step: Held,
     tokens_in: int,
@@ -198,7 +217,7 @@ async def settle(
         held_out=step.tokens_out_reserved,
         held_cost=step.cost_reserved_usd,
     )
-    ((status, ended_at),) = await _SETTLE.rows(target, params)
+    ((status, ended_at),) = await _SETTLE.rows(tx, params)
     return RunState(status, ended_at)
 
 

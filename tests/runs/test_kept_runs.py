@@ -214,11 +214,11 @@ async def test_a_run_ended_after_its_read_takes_no_step(
     """The statement that stores the step finds the run no longer running: refused as a read
     would have refused it, nothing stored, the slot given back (not stored by the general
     way, which does not check the run's status)."""
-    from orchestratord.steps import submission
+    from orchestratord.steps.submission import rules, statements
 
     run_id, first = await kept_run(client, kept)
     kept.drop(run_id)  # read, this time
-    monkeypatch.setattr(submission, "_RUN_AND_TOKEN", _ThenEnded(orch, submission._RUN_AND_TOKEN))
+    monkeypatch.setattr(rules, "RUN_AND_TOKEN", _ThenEnded(orch, statements.RUN_AND_TOKEN))
     free = orch.pools.pools["local"].free_slots
     r = await submit(client, run_id, token="late", max_tokens=2)
     assert r.status_code == 409 and r.json()["code"] == "RUN_ENDED", r.text
@@ -235,10 +235,11 @@ async def test_a_token_used_after_the_read_answers_with_its_step(
     statement: the statement sees the token's step and this one answers with it, without
     reserving and giving back (the general way's insert ON CONFLICT)."""
     from orchestratord.steps import submission
+    from orchestratord.steps.submission import rules, statements
 
     run_id, _ = await kept_run(client, kept)
     kept.drop(run_id)
-    real = submission._RUN_AND_TOKEN
+    real = statements.RUN_AND_TOKEN
     raced: list[httpx.Response] = []
     reads: list[str] = []
 
@@ -257,7 +258,7 @@ async def test_a_token_used_after_the_read_answers_with_its_step(
         general.append(sub.run_id)
         return await real_general(self, sub, **kw)
 
-    monkeypatch.setattr(submission, "_RUN_AND_TOKEN", _ThenRetried())
+    monkeypatch.setattr(rules, "RUN_AND_TOKEN", _ThenRetried())
     monkeypatch.setattr(submission.Insert, "_reserve_and_insert", spied)
     r = await submit(client, run_id, token="retry", max_tokens=2)
     assert raced[0].status_code == 202, raced[0].text
@@ -275,14 +276,14 @@ async def test_a_run_ended_after_its_read_takes_no_queued_step(
     reservation finds the run no longer running, and the step is refused, not queued."""
     import dataclasses
 
-    from orchestratord.steps import submission
+    from orchestratord.steps.submission import rules, statements
 
     run_id, first = await kept_run(client, kept)
     kept.drop(run_id)
     monkeypatch.setattr(
         orch, "submit_context", dataclasses.replace(orch.submit_context, starter=None)
     )
-    monkeypatch.setattr(submission, "_RUN_AND_TOKEN", _ThenEnded(orch, submission._RUN_AND_TOKEN))
+    monkeypatch.setattr(rules, "RUN_AND_TOKEN", _ThenEnded(orch, statements.RUN_AND_TOKEN))
     r = await submit(client, run_id, token="late", max_tokens=2)
     assert r.status_code == 409 and r.json()["code"] == "RUN_ENDED", r.text
     assert await step_ids(client, run_id) == [first]

@@ -23,7 +23,7 @@ from orchestratord.db import engine as db_engine
 from orchestratord.db import prepared
 from orchestratord.db.models import Run, Step
 from orchestratord.runtime import Orchestrator
-from orchestratord.steps import submission
+from orchestratord.steps.submission import context
 from tests.helpers import make_run, submit, wait_status
 
 
@@ -218,7 +218,7 @@ async def test_a_submission_planned_on_a_stale_ledger_reads_it_again(
     spent = await submit(client, run_id, token="spent", max_tokens=2)
     await wait_status(client, spent.json()["step_id"], "succeeded")
     free = orch.pools.pools["local"].free_slots
-    monkeypatch.setattr(submission, "ledger_of", lambda _run: Ledger(0, 0, 0.0, 0, 0, 0.0))
+    monkeypatch.setattr(context, "ledger_of", lambda _run: Ledger(0, 0, 0.0, 0, 0, 0.0))
     late = await submit(client, run_id, token="late", max_tokens=2)
     assert late.status_code == 409 and late.json()["code"] == "BUDGET_EXCEEDED", late.text
     assert orch.pools.pools["local"].free_slots == free

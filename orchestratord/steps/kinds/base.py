@@ -96,6 +96,11 @@ class StepKind(Protocol):
         """The engine request's prompt and params (engine kinds), else None."""
         ...
 
+    def model(self, stored: dict[str, Any]) -> str | None:
+        """The model the step asks for, or None (its pool's then; control-plane kinds ask
+        for none)."""
+        ...
+
     def replay_key(self, stored: dict[str, Any], seed: int) -> StepKey:
         """The determinism inputs replay compares with the recorded step's."""
         ...

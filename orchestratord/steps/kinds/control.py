@@ -48,6 +48,9 @@ class ControlKind:
     def llm_input(self, stored: dict[str, Any]) -> LlmInput | None:
         return None
 
+    def model(self, stored: dict[str, Any]) -> str | None:
+        return None
+
     def replay_key(self, stored: dict[str, Any], seed: int) -> StepKey:
         return input_key(self.step_type, stored, seed)
 

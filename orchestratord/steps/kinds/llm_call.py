@@ -106,6 +106,11 @@ class LlmCall:
     def llm_input(self, stored: dict[str, Any]) -> LlmInput:
         return llm_input_of(stored)
 
+    def model(self, stored: dict[str, Any]) -> str | None:
+        """The input's ``model``, if it names one."""
+        model: str | None = stored.get("model")
+        return model
+
     def replay_key(self, stored: dict[str, Any], seed: int) -> StepKey:
         llm = self.llm_input(stored)
         return StepKey(
