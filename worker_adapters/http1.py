@@ -23,7 +23,8 @@ instead, which speaks to proxies (an absolute target for ``http``, a ``CONNECT``
 ``https``), behind the same interface, errors and results; whether a client goes through a
 proxy is decided once, when it is made, so the direct path costs no more for it.
 ``tests/adapters/test_http1_vs_httpx.py`` reads the same bytes through this client and
-through httpx and expects the same results.
+through httpx and expects the same results, or the differences it lists (this parser is
+stricter than h11 about framing and obsolete syntax).
 
 Not: redirects, cookies, compression, HTTP/2, ``Expect: 100-continue``, ``HEAD``.
 Errors are this module's: :class:`ConnectFailed`, :class:`TimedOut`, :class:`Broken`.
@@ -163,8 +164,15 @@ class _Connection(asyncio.Protocol):
     # for the client
 
     def _ends_at_close(self) -> bool:
-        names = {name for name, _ in self.headers}
-        return b"content-length" not in names and b"transfer-encoding" not in names
+        """Whether the body is what comes until the engine closes: no length, and no transfer
+        coding ending in chunked (RFC 9112 6.3)."""
+        codings = b""
+        for name, value in self.headers:
+            if name == b"content-length":
+                return False
+            if name == b"transfer-encoding":
+                codings = value
+        return not codings.rstrip().lower().endswith(b"chunked")
 
     def wake(self) -> None:
         waiter = self.waiter

@@ -2,7 +2,8 @@
 bytes to each, and both must see the same status, headers, body and kind of error, and open
 the same number of connections (two requests each, so keep-alive reuse shows). Over plain
 TCP and over TLS with a CA made for the test, with each response written whole and one byte
-per write (a parser that only works on whole heads would pass the first)."""
+per write (a parser that only works on whole heads would pass the first). Where they differ
+on purpose, a test says how (``DIFFERENT``)."""
 
 from __future__ import annotations
 
@@ -349,6 +350,89 @@ async def test_the_same_bytes_read_the_same(
     assert ours_connections == case.connections
     for outcome in ours:
         assert (outcome.status, outcome.body, outcome.error) == (case.status, case.body, case.error)
+
+
+# Where the two read the same bytes differently, on purpose: each row says what each gives
+# for two requests, (status, body, kind of error) each, and how many connections it opened,
+# so that a change on either side shows. This client refuses what llhttp refuses and h11
+# tolerates (framing used to smuggle responses, obsolete syntax no engine sends), reads a
+# body ending at close under a transfer coding h11 does not know (RFC 9112 6.3), and does not
+# keep a connection that carried bytes past a response's end.
+Seen = tuple[tuple[int | None, bytes, str | None], ...]
+BROKEN_TWICE: Seen = ((None, b"", "broken"),) * 2
+DIFFERENT: dict[str, tuple[bytes, bool, Seen, int, Seen, int]] = {
+    "chunked beside a length (RFC 9112 6.1: ought to be an error)": (
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ncontent-length: 3\r\n\r\n"
+        b"2\r\nok\r\n0\r\n\r\n",
+        False,
+        BROKEN_TWICE,
+        2,
+        ((200, b"ok", None),) * 2,
+        1,
+    ),
+    "the length twice": (
+        b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\ncontent-length: 2\r\n\r\nok",
+        False,
+        BROKEN_TWICE,
+        2,
+        ((200, b"ok", None),) * 2,
+        1,
+    ),
+    "lines ending in LF alone": (
+        b"HTTP/1.1 200 OK\ncontent-length: 2\n\nok",
+        False,
+        BROKEN_TWICE,
+        2,
+        ((200, b"ok", None),) * 2,
+        1,
+    ),
+    "a header folded on two lines (obsolete)": (
+        b"HTTP/1.1 200 OK\r\nx-a: one\r\n two\r\ncontent-length: 2\r\n\r\nok",
+        False,
+        BROKEN_TWICE,
+        2,
+        ((200, b"ok", None),) * 2,
+        1,
+    ),
+    "transfer-encoding identity, ending at close": (
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: identity\r\n\r\nokay",
+        True,
+        ((200, b"okay", None),) * 2,
+        2,
+        BROKEN_TWICE,
+        2,
+    ),
+    "bytes past the length": (
+        b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nokEXTRA",
+        False,
+        ((200, b"ok", None),) * 2,
+        2,
+        ((200, b"ok", None), (None, b"", "broken")),
+        1,
+    ),
+    "a 204 with a body": (
+        b"HTTP/1.1 204 No Content\r\ncontent-length: 2\r\n\r\nok",
+        False,
+        ((204, b"", None),) * 2,
+        2,
+        ((204, b"", None), (None, b"", "broken")),
+        1,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(DIFFERENT))
+async def test_where_the_two_differ(name: str) -> None:
+    raw, close_after, ours_seen, ours_n, theirs_seen, theirs_n = DIFFERENT[name]
+    case = Case((raw,), None, b"", connections=0, close_after=close_after)
+    async with raw_server(serving(case, bytewise=False)) as (addr, accepted):
+        ours = await through_http1(f"http://{addr}", None)
+        ours_connections = len(accepted)
+        theirs = await through_httpx(f"http://{addr}", None)
+        theirs_connections = len(accepted) - ours_connections
+    assert tuple((o.status, o.body, o.error) for o in ours) == ours_seen
+    assert tuple((o.status, o.body, o.error) for o in theirs) == theirs_seen
+    assert (ours_connections, theirs_connections) == (ours_n, theirs_n)
 
 
 async def test_a_refused_connection_is_a_connect_error_to_both() -> None:
