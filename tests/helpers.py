@@ -341,3 +341,19 @@ class StreamsWatch:
             while not done():
                 self._changed.clear()
                 await self._changed.wait()
+
+
+async def tokens_published(orch: Any, step_id: str, n: int) -> None:
+    """Until ``step_id``, run by ``orch``, has committed at least ``n`` token events: the log
+    is read again each time the process hands committed events of the step to its hub."""
+    channel = orch.hub.subscribe_step(step_id)
+    try:
+        async with asyncio.timeout(10):
+            while True:
+                cursor = channel.last + 1  # before the read: a commit meanwhile wakes the wait
+                events = await stored_events(orch.db, step_id=step_id)
+                if sum(1 for e in events if e.type == "token") >= n:
+                    return
+                await channel.wait(cursor, 10)
+    finally:
+        orch.hub.unsubscribe_step(step_id)

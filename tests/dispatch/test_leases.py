@@ -24,7 +24,7 @@ from tests.helpers import (
     make_run,
     read_stream,
     submit,
-    tokens_committed,
+    tokens_published,
     wait_status,
 )
 
@@ -115,7 +115,7 @@ async def test_a_step_that_streamed_tokens_ends_worker_lost_keeping_them(db_url:
     async with serving(settings) as (first, client):
         run_id = await make_run(client, budgets={"max_tokens_out": 5000})
         step_id = (await submit(client, run_id, max_tokens=1000)).json()["step_id"]
-        await tokens_committed(first.db, step_id, 3)
+        await tokens_published(first, step_id, 3)
         await crash(first)
     async with serving(settings) as (_, client):
         step = await wait_status(client, step_id, "failed")

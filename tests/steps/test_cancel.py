@@ -17,7 +17,7 @@ from tests.helpers import (
     parse_sse,
     read_stream,
     submit,
-    tokens_committed,
+    tokens_published,
     wait_status,
 )
 from worker_adapters.sim import SimAdapter
@@ -135,7 +135,7 @@ async def _running_step(orch: Orchestrator, live: httpx.AsyncClient) -> str:
     _slow(orch, rate=20.0)
     run_id = await make_run(live)
     step_id: str = (await submit(live, run_id, max_tokens=1000)).json()["step_id"]
-    await tokens_committed(orch.db, step_id, 1)  # running, and generating
+    await tokens_published(orch, step_id, 1)  # running, and generating
     return step_id
 
 
