@@ -1,19 +1,21 @@
 """Step requests and views. ``StepCreate`` is a union discriminated on ``type``: each kind
-documents its own ``input`` in the OpenAPI document, and bad input names ``input.<field>``."""
+documents its own ``input`` in the OpenAPI document, and bad input names ``input.<field>``.
+
+A kind is named once, by the ``type`` of its request (``LlmCallStep``); adding one is adding
+its request to ``AnyStepCreate``: the list of step types is read from that union."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
-from typing import Annotated, Any, Literal, get_args
+from typing import TYPE_CHECKING, Annotated, Any, Literal, get_args
 
-from pydantic import Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
+from pydantic.config import JsonDict
 
 from contracts.bounds import MAX_INT, MAX_TOP_K, Text
 from contracts.common import Budgets, Out, Placement, Strict
 from contracts.runs import Usage
-
-StepType = Literal["llm_plan", "llm_call", "tool_call", "fs_op", "gate_eval", "checkpoint"]
-STEP_TYPES: tuple[str, ...] = get_args(StepType)
 
 
 class ChatMessage(Strict):
@@ -46,7 +48,37 @@ class LlmCallInput(Strict):
         return self
 
 
+def _derived(properties: dict[str, JsonDict]) -> Callable[[JsonDict], None]:
+    """Properties the server adds to a kind's stored input (``StepOut.input``), documented
+    ``readOnly``: a request does not send them (one that does is refused as an unknown
+    field), and a client repeating a recorded step leaves them out."""
+
+    def add(schema: JsonDict) -> None:
+        props = schema.setdefault("properties", {})
+        assert isinstance(props, dict)
+        props.update({name: {**prop, "readOnly": True} for name, prop in properties.items()})
+
+    return add
+
+
 class LlmPlanInput(LlmCallInput):
+    model_config = ConfigDict(
+        json_schema_extra=_derived(
+            {
+                "tool_specs": {
+                    "type": "array",
+                    "items": {"type": "object"},
+                    "description": "the offered tools as the step was planned against "
+                    "(name, description, parameters), resolved from the flow",
+                },
+                "template": {
+                    "type": "string",
+                    "description": "the version of the plan prompt's template",
+                },
+            }
+        )
+    )
+
     tools: list[str] = Field(
         min_length=1,
         max_length=64,
@@ -115,11 +147,17 @@ class CheckpointStep(_StepCreateBase):
     input: CheckpointInput
 
 
-StepCreate = Annotated[
-    LlmCallStep | LlmPlanStep | ToolCallStep | FsOpStep | GateEvalStep | CheckpointStep,
-    Field(discriminator="type"),
-]
 AnyStepCreate = LlmCallStep | LlmPlanStep | ToolCallStep | FsOpStep | GateEvalStep | CheckpointStep
+StepCreate = Annotated[AnyStepCreate, Field(discriminator="type")]
+STEP_TYPES: tuple[str, ...] = tuple(
+    name
+    for request in get_args(AnyStepCreate)
+    for name in get_args(request.model_fields["type"].annotation)
+)
+if TYPE_CHECKING:  # a literal built from a tuple is a runtime type, not a static one
+    StepType = str
+else:
+    StepType = Literal[STEP_TYPES]
 
 
 class StepAccepted(Out):

@@ -7,10 +7,12 @@ does. Errors are raised as :class:`ApiError` (the server answered with an error 
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from importlib import resources
 from typing import Any
 
 import httpx
@@ -317,14 +319,42 @@ class StepReplay:
         return code
 
 
-# What the server adds to a step's stored input (a plan's tool schemas and template, resolved
-# from the flow when it was submitted): not part of a submission.
-DERIVED_INPUT = {"llm_plan": ("tool_specs", "template")}
+def derived_input(document: JsonObject) -> dict[str, frozenset[str]]:
+    """Per step type, the fields the server adds to a step's stored input (a plan's tool
+    schemas and template, resolved from the flow when it was submitted), as an OpenAPI
+    document tells them: the ``readOnly`` properties of the ``input`` of each step request
+    (a schema whose ``type`` is a constant and whose ``input`` is a reference)."""
+    schemas = document.get("components", {}).get("schemas", {})
+    derived: dict[str, frozenset[str]] = {}
+    for schema in schemas.values():
+        properties = schema.get("properties") or {}
+        step_type = (properties.get("type") or {}).get("const")
+        ref = (properties.get("input") or {}).get("$ref")
+        if not isinstance(step_type, str) or not isinstance(ref, str):
+            continue
+        target = schemas.get(ref.rsplit("/", 1)[-1]) or {}
+        fields = frozenset(
+            name
+            for name, prop in (target.get("properties") or {}).items()
+            if isinstance(prop, dict) and prop.get("readOnly") is True
+        )
+        if fields:
+            derived[step_type] = fields
+    return derived
+
+
+@functools.cache
+def contract_derived_input() -> dict[str, frozenset[str]]:
+    """``derived_input`` of the contract this client ships with (``contracts/openapi.json``,
+    package data), read on first use."""
+    document = json.loads(resources.files("contracts").joinpath("openapi.json").read_text())
+    return derived_input(document)
 
 
 def replay_step_body(recorded: JsonObject) -> JsonObject:
-    """The submission that repeats a recorded step (placement is the replay run's business)."""
-    derived = DERIVED_INPUT.get(str(recorded["type"]), ())
+    """The submission that repeats a recorded step (placement is the replay run's business):
+    its stored input less what the server derived from it."""
+    derived = contract_derived_input().get(str(recorded["type"]), frozenset())
     stored = recorded.get("input") or {}
     return {
         "type": recorded["type"],

@@ -20,7 +20,14 @@ from orchestratord.steps.kinds import KINDS
 from orchestratord.steps.kinds.checkpoint import CheckpointStep
 from orchestratord.steps.kinds.record import StepRecord
 from tests.conftest import TABLES
-from tests.helpers import make_flow, make_run, submit, tokens_committed, wait_status
+from tests.helpers import (
+    make_flow,
+    make_run,
+    read_stream,
+    submit,
+    tokens_committed,
+    wait_status,
+)
 from tests.runs.test_transfer import Server, export, row_counts, serve
 from worker_adapters.sim import SimAdapter
 
@@ -446,7 +453,12 @@ async def test_a_kinds_record_rule_is_its_own_and_import_knows_the_registered_ki
 ) -> None:
     flow_id = await make_flow(client, ast={"program": "stamped"})
     run_id = await make_run(client, flow_id)
-    step_id = await step(client, run_id, "checkpoint", "ck", state={"k": 1})
+    body = {"type": "checkpoint", "client_token": "ck", "input": {"state": {"k": 1}}}
+    r = await client.post(f"/v1/runs/{run_id}/steps", json=body)
+    assert r.status_code == 202, r.text
+    step_id = r.json()["step_id"]
+    events = await read_stream(client, f"/v1/steps/{step_id}/stream")  # to its end
+    assert events[-1].event == "end", events
     done = await client.post(f"/v1/runs/{run_id}/complete", json={"status": "succeeded"})
     assert done.status_code == 200, done.text
     bundle = await export(client, run_id)
