@@ -2,8 +2,9 @@
 
 An engine adapter makes one request per generation and reads a stream of small chunks; a
 general-purpose client spends far more on each than the bytes cost (httpx with httpcore and
-h11: 0.8 ms of CPU per 1-token generation on the fake OpenAI engine, against 0.08 ms here;
-measured with one client reading one engine over loopback). What it does:
+h11: 0.83 ms of CPU per 1-token generation on the fake OpenAI engine, against 0.105 ms here;
+measured with one client reading one engine over loopback: ``bench/engine_client.py``,
+``BENCHMARKS.md``). What it does:
 
 * a keep-alive pool per origin: at most ``connections`` open, more requests wait for one;
   the last one put back is used first; one that the engine closed while idle is dropped,
@@ -403,6 +404,8 @@ class _Proxied:
         content_type: str,
         timeout_s: float,
     ) -> AsyncIterator[Response]:
+        if self._client.is_closed:
+            raise ConnectFailed(f"{url}: the client is closed")
         timeout = (
             self._timeout
             if timeout_s == self._read_timeout_s

@@ -175,6 +175,8 @@ async def test_errors_through_the_proxy_are_this_clients(monkeypatch: pytest.Mon
         with pytest.raises(ValueError, match="HEAD"):
             await client.request("HEAD", "/")
         await client.aclose()
+        with pytest.raises(ConnectFailed, match="the client is closed"):
+            await client.request("GET", "/")
 
 
 async def test_closing_a_response_ends_its_reader_and_the_connection_at_once(
