@@ -48,23 +48,48 @@ class TokenAlternative:
 
 @dataclass(frozen=True, slots=True)
 class Token:
-    """One generated token. ``logprob`` is its own; ``alternatives`` are the engine's most
-    likely tokens at its position, best first, where the engine gives them (Salience with
-    ``top_logprobs``). A token cut short by a stop string is re-emitted without them."""
+    """One generated token; ``logprob`` is its own.
+
+    ``alternatives``, the engine's most likely tokens at its position (best first), are read
+    from every token and are empty but on a :class:`RankedToken`: a plain token, made for
+    each token of every stream, costs no more to make for the few engines that rank.
+    """
 
     text: str
     token_id: int | None = None
     logprob: float | None = None
+
+    @property
+    def alternatives(self) -> tuple[TokenAlternative, ...]:
+        return ()
+
+
+@dataclass(frozen=True, slots=True)
+class RankedToken(Token):
+    """A token with its alternatives (Salience with ``top_logprobs``). A token cut short by a
+    stop string is re-emitted as a plain :class:`Token`."""
+
     alternatives: tuple[TokenAlternative, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
 class Finish:
+    """The end of a stream. ``engine_reason`` (the engine's own stop reason, as its protocol
+    names it) and ``truncated`` (tokens the engine dropped from the run's session to fit its
+    window) are read from every Finish and told by the engines that have them (a
+    :class:`~worker_adapters.sessions.SessionFinish`)."""
+
     stop_reason: str  # eos | length | stop
     tokens_in: int
     tokens_out: int
-    engine_reason: str = ""  # the engine's own stop reason as its protocol names it, if told
-    truncated: int = 0  # tokens the engine dropped from the run's session to fit its window
+
+    @property
+    def engine_reason(self) -> str:
+        return ""
+
+    @property
+    def truncated(self) -> int:
+        return 0
 
 
 AdapterEvent = Token | Finish

@@ -11,9 +11,9 @@ retry is refused too. A NOT_FOUND session is reopened and refilled from the prom
 session, closed afterwards.
 
 With ``request.logprobs`` every generated token carries its logprob; an adapter built with
-``top_logprobs=k`` gives each token the k most likely ``alternatives`` at its position. The
-protocol carries no seed: output is a function of the session's tokens and the sampling
-parameters.
+``top_logprobs=k`` yields :class:`~worker_adapters.base.RankedToken` with the k most likely
+``alternatives`` at each position. The protocol carries no seed: output is a function of the
+session's tokens and the sampling parameters.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from worker_adapters.base import (
     Capabilities,
     GenerationRequest,
     Health,
+    RankedToken,
     Token,
     TokenAlternative,
 )
@@ -249,7 +250,7 @@ class SalienceAdapter(GrpcSessionAdapter):
             )
             for a in token.logprobs
         )
-        return Token(text=text, token_id=token.id, logprob=logprob, alternatives=alternatives)
+        return RankedToken(text=text, token_id=token.id, logprob=logprob, alternatives=alternatives)
 
     async def fork(self, session: EngineSession, *, at: int) -> EngineSession:
         """A new server session holding the first ``at`` tokens of ``session`` (ForkSession)."""

@@ -13,7 +13,8 @@ SessionLost    the engine no longer knows the session and it could not be recrea
 SessionDrift   the engine holds another history than the record, and repairing failed
 
 A generation ends with a :class:`SessionFinish`: a :class:`~worker_adapters.base.Finish` that
-also says how long the session is afterwards.
+tells the engine's own stop reason, the tokens its truncation dropped, and how long the
+session is afterwards.
 """
 
 from __future__ import annotations
@@ -61,6 +62,8 @@ def error_for_status(code: str, detail: str, *, engine: str) -> AdapterError:
 
 @dataclass(frozen=True, slots=True)
 class SessionFinish(Finish):
+    engine_reason: str = ""  # the engine's stop reason as named by its protocol
+    truncated: int = 0  # tokens the engine dropped from the session before this generation
     session_length: int = 0  # tokens the engine holds after this generation
 
 

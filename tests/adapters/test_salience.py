@@ -16,6 +16,7 @@ from test_harness.kakeya_runtime import LlamaTokenEngine, RunningRuntime
 from test_harness.salience_runtime import serve_salience
 from tests.adapters.conftest import ManualClock
 from worker_adapters import AdapterError, EngineFailure, EngineUnavailable, GenerationRequest, Token
+from worker_adapters.base import RankedToken
 from worker_adapters.salience import SalienceAdapter
 from worker_adapters.session_handle import EngineSession
 from worker_adapters.sessions import SessionDrift, SessionFinish, SessionLost
@@ -197,7 +198,7 @@ async def test_logprobs_and_top_alternatives(adapter: SalienceAdapter) -> None:
     tokens, _ = await run(adapter, req(logprobs=True))
     uniform = -math.log(len(VOCAB))  # the sim draws uniformly over its words
     for token in tokens:
-        assert isinstance(token, Token)
+        assert isinstance(token, RankedToken)
         assert token.logprob == pytest.approx(uniform)
         assert len(token.alternatives) == 3
         assert [a.logprob for a in token.alternatives] == pytest.approx([uniform] * 3)
@@ -313,7 +314,7 @@ async def test_real_model_logprobs() -> None:
         tokens, _ = await run(adapter, req("The capital of France is", max_tokens=3, logprobs=True))
         assert 1 <= len(tokens) <= 3
         for token in tokens:
-            assert isinstance(token, Token) and token.logprob is not None
+            assert isinstance(token, RankedToken) and token.logprob is not None
             assert token.logprob <= 0 and len(token.alternatives) == 2
             assert token.alternatives[0].logprob >= token.alternatives[1].logprob
         await adapter.aclose()
