@@ -16,14 +16,15 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import asyncpg
 import httpx
 import pytest
 
+from orchestratord.eventlog import WAKE_CHANNEL
 from test_harness.fake_openai import FakeState, Faults, create_fake_openai
 from test_harness.servers import serve_app
 from tests.helpers import parse_sse
@@ -35,6 +36,7 @@ pytestmark = pytest.mark.slow
 LEASE_S = 1.0
 KILLS = int(os.environ.get("ORCHESTRATORD_TEST_KILLS", "50"))
 TERMINAL = ("succeeded", "failed", "cancelled")
+_T = TypeVar("_T")
 
 
 class Fleet:
@@ -121,6 +123,7 @@ async def fleet_on(
         try:
             await fleet.start("p0")  # migrates the fresh database first
             conn = await asyncpg.connect(db_url.replace("+asyncpg", ""))
+            await conn.add_listener(WAKE_CHANNEL, _committed)
             try:
                 yield fleet, conn
             finally:
@@ -149,15 +152,44 @@ async def new_run(c: httpx.AsyncClient) -> str:
     return str(r.json()["run_id"])
 
 
+_COMMITS: list[asyncio.Event] = []  # one for each wait in progress
+
+
+def _committed(*_: object) -> None:
+    """A process committed events to the log (their NOTIFY on the wake-up channel)."""
+    for commit in _COMMITS:
+        commit.set()
+
+
+async def on_commits(check: Callable[[], Awaitable[_T | None]], within_s: float, what: str) -> _T:
+    """``check()``'s first answer that is not None: asked now and again each time a process
+    commits events (a step claimed starts, a token, an end all append one), not on a timer;
+    asked a last time once ``within_s`` has passed."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within_s
+    commit = asyncio.Event()
+    _COMMITS.append(commit)
+    try:
+        while True:
+            commit.clear()  # before asking: a commit meanwhile asks again
+            found = await check()
+            if found is not None:
+                return found
+            left = deadline - loop.time()
+            if left <= 0:
+                raise AssertionError(f"{what}: not within {within_s:.1f}s")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(commit.wait(), left)
+    finally:
+        _COMMITS.remove(commit)
+
+
 async def wait_terminal(c: httpx.AsyncClient, step_id: str, within_s: float) -> dict[str, Any]:
-    deadline = time.monotonic() + within_s
-    while True:
+    async def ended() -> dict[str, Any] | None:
         body: dict[str, Any] = (await c.get(f"/v1/steps/{step_id}")).json()
-        if body["status"] in TERMINAL:
-            return body
-        if time.monotonic() > deadline:
-            raise AssertionError(f"step {step_id} still {body['status']} after {within_s}s")
-        await asyncio.sleep(0.05)
+        return body if body["status"] in TERMINAL else None
+
+    return await on_commits(ended, within_s, f"step {step_id} terminal")
 
 
 def complete_log(text: str) -> list[Any]:
@@ -191,21 +223,20 @@ async def test_kill_9_mid_stream_loses_nothing_and_runs_nothing_twice(
                     step_id = await submit(via, run_id, prompt, 60)
                     accepted[step_id] = prompt
                     batch.append(step_id)
+
             # the process executing one of them, once it has committed a token
-            victim = owner = None
-            for _ in range(400):
+            async def streaming(batch: list[str] = batch) -> tuple[str, str] | None:
                 row = await conn.fetchrow(
                     "SELECT s.step_id, s.lease_owner FROM steps s WHERE s.status = 'running'"
                     " AND s.step_id = ANY($1::text[]) AND EXISTS (SELECT 1 FROM events e"
                     " WHERE e.step_id = s.step_id AND e.type = 'token') LIMIT 1",
                     batch,
                 )
-                if row is not None:
-                    victim, owner = row["step_id"], row["lease_owner"].split("#")[0]
-                    if owner in fleet.procs:
-                        break
-                await asyncio.sleep(0.02)
-            assert victim is not None and owner in fleet.procs, "no step started streaming"
+                if row is None or row["lease_owner"].split("#")[0] not in fleet.procs:
+                    return None
+                return row["step_id"], row["lease_owner"].split("#")[0]
+
+            victim, owner = await on_commits(streaming, 8, "a step streaming on a live process")
             fleet.kill(owner).wait()
             killed_at = time.monotonic()
             victims.append(victim)
@@ -240,14 +271,13 @@ async def test_kill_9_mid_stream_loses_nothing_and_runs_nothing_twice(
 
 
 async def owner_of(conn: asyncpg.Connection, step_id: str) -> str:
-    for _ in range(400):
+    async def running() -> str | None:
         owner = await conn.fetchval(
             "SELECT lease_owner FROM steps WHERE step_id = $1 AND status = 'running'", step_id
         )
-        if owner is not None:
-            return str(owner).split("#")[0]
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"step {step_id} never ran")
+        return None if owner is None else str(owner).split("#")[0]
+
+    return await on_commits(running, 8, f"step {step_id} running")
 
 
 async def test_follow_and_cancel_across_processes(fresh_db: str, tmp_path: Path) -> None:
