@@ -17,7 +17,7 @@ from orchestratord.db.single_process import DatabaseInUse, SingleProcessLock
 from orchestratord.event_logging import JsonFormatter
 from orchestratord.pools.config import PoolConfigError, load_pools_file
 from orchestratord.settings import Settings
-from worker_adapters.registry import local_engines
+from worker_adapters.registry import local_engines, runs_locally
 
 
 def _settings(args: argparse.Namespace) -> Settings:
@@ -189,6 +189,14 @@ def db_command(args: argparse.Namespace) -> int:
     return asyncio.run(go())
 
 
+def _local_engine(name: str) -> str:
+    # looked up when given, so that commands other than serve import no engine module
+    if not runs_locally(name):
+        choices = ", ".join(local_engines())
+        raise argparse.ArgumentTypeError(f"{name!r} is not an engine that runs locally: {choices}")
+    return name
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="orchestratord", description=__doc__)
     parser.add_argument("--version", action="version", version=f"orchestratord {__version__}")
@@ -197,7 +205,12 @@ def build_parser() -> argparse.ArgumentParser:
     p_serve.add_argument("--host")
     p_serve.add_argument("--port", type=int)
     p_serve.add_argument("--database-url", help="sqlite:///path or postgresql://...")
-    p_serve.add_argument("--engine", choices=local_engines(), help="engine of the local pool")
+    p_serve.add_argument(
+        "--engine",
+        type=_local_engine,
+        metavar="ENGINE",
+        help="engine of the local pool: a registered engine that needs no url (sim, llama)",
+    )
     p_serve.add_argument("--pools", metavar="FILE", help="YAML file of pools")
     p_serve.add_argument(
         "--auth", action="store_true", help="require an API key even before any key exists"

@@ -12,12 +12,12 @@ from pydantic import AfterValidator, BaseModel, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from orchestrator_core.breakers import BreakerConfig
-from worker_adapters.registry import ENGINES, local_engines, variant
+from worker_adapters.registry import local_engines, runs_locally
 
 
 def _local_engine(name: str) -> str:
     """A registered engine whose replica needs no url (``sim``, ``llama``)."""
-    if name not in ENGINES or not variant(name).local:
+    if not runs_locally(name):
         raise ValueError(f"not an engine that runs locally (those: {', '.join(local_engines())})")
     return name
 

@@ -190,3 +190,8 @@ def variants() -> list[EngineVariant[Any]]:
 def local_engines() -> list[str]:
     """The engines that can be the one local pool: their replicas need no url."""
     return [v.name for v in variants() if v.local]
+
+
+def runs_locally(name: str) -> bool:
+    """``name`` is a registered engine whose replica needs no url (imports that one only)."""
+    return name in ENGINES and variant(name).local
