@@ -6,11 +6,14 @@ import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 
+import asyncpg
 import httpx
 import pytest
 import sqlalchemy as sa
 
 from orchestratord.db.engine import Database
+from orchestratord.eventlog import WAKE_CHANNEL
+from orchestratord.streams.wakeups import asyncpg_dsn
 from tests.conftest import TABLES
 from tests.procs import orchestratord
 
@@ -34,10 +37,10 @@ def test_500_steps_two_processes_never_overspend(shared_pg: str, tmp_path: Path)
     env = {"ORCHESTRATORD_SIM__TOKENS_PER_S": "0", "ORCHESTRATORD_SIM__EOS_PROBABILITY": "0"}
     args = ("--engine", "sim", "--database-url", shared_pg)
     with orchestratord(tmp_path, *args, env=env) as a, orchestratord(tmp_path, *args, env=env) as b:
-        asyncio.run(_race(a, b))
+        asyncio.run(_race(a, b, shared_pg))
 
 
-async def _race(a: str, b: str) -> None:
+async def _race(a: str, b: str, db_url: str) -> None:
     limits = httpx.Limits(max_connections=200)
     async with httpx.AsyncClient(timeout=120, limits=limits) as c:
         flow = (await c.post(f"{a}/v1/flows", json={"ast": {"race": 1}})).json()
@@ -66,11 +69,8 @@ async def _race(a: str, b: str) -> None:
         assert refused, "the budget should have run out"
         assert {r.status_code for r in refused} == {409}
         assert {r.json()["code"] for r in refused} == {"BUDGET_EXCEEDED"}
-        for _ in range(1200):
-            states = await asyncio.gather(*(c.get(f"{a}/v1/steps/{s}") for s in accepted))
-            if all(st.json()["status"] == "succeeded" for st in states):
-                break
-            await asyncio.sleep(0.1)
+        await _all_succeeded(db_url, accepted)
+        states = await asyncio.gather(*(c.get(f"{a}/v1/steps/{s}") for s in accepted))
         per_step = [st.json()["usage"]["tokens_out"] for st in states]
         assert all(st.json()["status"] == "succeeded" for st in states)
         served_by = {st.json()["provenance"]["replica_id"] for st in states}
@@ -79,3 +79,25 @@ async def _race(a: str, b: str) -> None:
         assert final["usage"]["tokens_out"] == sum(per_step) <= 1500
         assert final["usage"]["tokens_out"] >= 1500 - 6
         assert final["reserved"]["tokens_out"] == 0
+
+
+async def _all_succeeded(db_url: str, steps: list[str]) -> None:
+    """Until every one of ``steps`` has succeeded: counted again each time a process commits
+    events (their NOTIFY), not on a timer."""
+    conn = await asyncpg.connect(asyncpg_dsn(db_url))
+    committed = asyncio.Event()
+    await conn.add_listener(WAKE_CHANNEL, lambda *_: committed.set())
+    try:
+        async with asyncio.timeout(120):
+            while True:
+                committed.clear()  # before counting: a commit meanwhile counts again
+                left = await conn.fetchval(
+                    "SELECT count(*) FROM steps WHERE step_id = ANY($1::text[])"
+                    " AND status <> 'succeeded'",
+                    steps,
+                )
+                if left == 0:
+                    return
+                await committed.wait()
+    finally:
+        await conn.close()
