@@ -4,6 +4,7 @@ checked with errors that name ``replicas.N.options.FIELD``."""
 
 from __future__ import annotations
 
+import ast
 import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -259,3 +260,27 @@ def test_a_replica_of_the_one_slot_engine_with_more_slots_is_refused(tmp_path: P
         match=r"a llama replica has exactly one slot \(its state is reset per request\)",
     ):
         load_pools_file(path)
+
+
+def test_the_service_imports_no_engine_module() -> None:
+    """orchestratord looks engines up in the registry: it imports none of their modules (nor
+    their session and tokenizer helpers), so it cannot branch on which engine it holds."""
+    root = Path(__file__).resolve().parents[2] / "orchestratord"
+    engine_modules = {
+        *ENGINES.values(),
+        "worker_adapters.grpc_sessions",
+        "worker_adapters.sessions",
+        "worker_adapters.tokenizers",
+    }
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = (
+                [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else []
+            )
+            found += [f"{path.relative_to(root)}: {n}" for n in names if n in engine_modules]
+    assert found == []
