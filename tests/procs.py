@@ -10,6 +10,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -64,3 +65,16 @@ def orchestratord(cwd: Path, *args: str, env: dict[str, str] | None = None) -> I
     cmd = [sys.executable, "-m", "orchestratord", "serve", "--port", str(port), *args]
     with process(cmd, ready_url=f"http://127.0.0.1:{port}/healthz", cwd=cwd, env=env):
         yield f"http://127.0.0.1:{port}"
+
+
+def ended_step(c: httpx.Client, step_id: str) -> dict[str, Any]:
+    """The step once it has ended, on a server in another process: its event stream, which
+    the server closes after the step's end (or error), read to its close; then the step."""
+    from tests.helpers import parse_sse
+
+    r = c.get(f"/v1/steps/{step_id}/stream")
+    assert r.status_code == 200, r.text
+    events, _ = parse_sse(r.text)
+    assert events and events[-1].event in ("end", "error"), events[-1:]
+    body: dict[str, Any] = c.get(f"/v1/steps/{step_id}").json()
+    return body

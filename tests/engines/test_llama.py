@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.procs import orchestratord
+from tests.procs import ended_step, orchestratord
 from worker_adapters import Finish, GenerationRequest, Token
 from worker_adapters.llama import LlamaAdapter
 from worker_adapters.transcript import TURN_STOPS, render_transcript
@@ -182,14 +182,7 @@ def _step(base: str, seed: int) -> dict[str, object]:
                 },
             },
         ).json()
-        for _ in range(600):
-            body: dict[str, object] = c.get(f"/v1/steps/{step['step_id']}").json()
-            if body["status"] in ("succeeded", "failed"):
-                return body
-            import time
-
-            time.sleep(0.1)
-    raise AssertionError("step did not end")
+        return ended_step(c, step["step_id"])
 
 
 def test_same_seed_same_tokens_across_restart(tmp_path: Path, gguf: Path) -> None:

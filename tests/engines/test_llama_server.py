@@ -4,14 +4,13 @@
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 import yaml
 
-from tests.procs import free_port, orchestratord, process
+from tests.procs import ended_step, free_port, orchestratord, process
 
 pytestmark = pytest.mark.slow
 
@@ -81,11 +80,7 @@ def test_text_through_orchestratord_equals_the_engine(tmp_path: Path, gguf: Path
                     },
                 },
             ).json()
-            for _ in range(600):
-                body = c.get(f"/v1/steps/{step['step_id']}").json()
-                if body["status"] in ("succeeded", "failed"):
-                    break
-                time.sleep(0.1)
+            body = ended_step(c, step["step_id"])
         assert body["status"] == "succeeded", body
         assert direct_text
         assert body["output"]["text"] == direct_text
