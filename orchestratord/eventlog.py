@@ -38,12 +38,12 @@ from orchestratord.db.engine import Database
 from orchestratord.db.models import Event, Run
 from orchestratord.db.prepared import (
     Prepared,
-    Target,
     dialect_of,
     driver_sql,
     nothing_written,
     origin_of,
 )
+from orchestratord.tx import Tx
 
 log = logging.getLogger(__name__)
 
@@ -55,11 +55,11 @@ class Finalizer:
     SQLite's driver transaction as well (``needs_session`` False); one that adds ORM rows
     gets a session."""
 
-    run: Callable[[Target], Awaitable[list[LogEvent] | None]]
+    run: Callable[[Tx], Awaitable[list[LogEvent] | None]]
     needs_session: bool = False
     # Finalizers of one commit sharing ``together`` run as one call of it, given their
     # ``item``s in the order they were queued (one statement for many, where it can be)
-    together: Callable[[Target, list[Any]], Awaitable[list[LogEvent]]] | None = None
+    together: Callable[[Tx, list[Any]], Awaitable[list[LogEvent]]] | None = None
     item: Any = None
     # PostgreSQL: what the group's ``items`` write in the statement appending their events,
     # which then needs no transaction (``Alongside``); None where they cannot go there
@@ -324,27 +324,27 @@ def _rows(events: list[LogEvent]) -> list[tuple[Any, ...]]:
 
 
 async def insert_events(
-    target: Target, events: Sequence[LogEvent], *, alone: bool = False
+    tx: Tx | AsyncSession, events: Sequence[LogEvent], *, alone: bool = False
 ) -> list[LogEvent]:
     """Append ``events`` in this transaction (a session's, or a driver's alone),
     assigning their run cursors; returns them in run-cursor order (each run's grouped by
     step), the order to publish them in. ``alone``: nothing else is written in this
     transaction after them (``Prepared.rows``)."""
-    done = await _insert(target, events, alone=alone, alongside=None)
+    done = await _insert(tx, events, alone=alone, alongside=None)
     assert done is not None  # only what goes alongside refuses
     return done
 
 
 async def insert_events_alongside(
-    target: Target, events: Sequence[LogEvent], writes: Writes
+    tx: Tx, events: Sequence[LogEvent], writes: Writes
 ) -> list[LogEvent] | None:
     """PostgreSQL: ``insert_events`` and ``writes``, in one statement that commits by
     itself; ``None`` where those refused it (nothing was written)."""
-    return await _insert(target, events, alone=True, alongside=writes)
+    return await _insert(tx, events, alone=True, alongside=writes)
 
 
 async def _insert(
-    target: Target, events: Sequence[LogEvent], *, alone: bool, alongside: Writes | None
+    tx: Tx | AsyncSession, events: Sequence[LogEvent], *, alone: bool, alongside: Writes | None
 ) -> list[LogEvent] | None:
     per_run: dict[str, list[LogEvent]] = defaultdict(list)
     for ev in events:
@@ -356,43 +356,43 @@ async def _insert(
         for offset, ev in enumerate(batch):
             ev.run_seq = offset  # in its run's part of the batch, until cursors are taken
         ordered.extend(batch)
-    on_postgresql = dialect_of(target).name == "postgresql"
+    on_postgresql = dialect_of(tx).name == "postgresql"
     if on_postgresql:  # the rows go with their offsets: the statement adds the cursors taken
         bases = await _append_on_postgresql(
-            target, runs, per_run, ordered, alone=alone, alongside=alongside
+            tx, runs, per_run, ordered, alone=alone, alongside=alongside
         )
         if bases is None:
             return None
     else:
         assert alongside is None
-        bases = await _take_cursors(target, runs, per_run)
+        bases = await _take_cursors(tx, runs, per_run)
     for ev in ordered:
         ev.run_seq = bases[ev.run_id] + (ev.run_seq or 0)
     if not on_postgresql:
         # the driver's own executemany with plain tuples: per row, no parameter processing
-        await driver_sql(target, _INSERT_SQL, _rows(ordered), many=True)
+        await driver_sql(tx, _INSERT_SQL, _rows(ordered), many=True)
     return ordered
 
 
 async def _take_cursors(
-    target: Target, runs: list[str], per_run: dict[str, list[LogEvent]]
+    tx: Tx | AsyncSession, runs: list[str], per_run: dict[str, list[LogEvent]]
 ) -> dict[str, int]:
     """Each run's first cursor for its part of the batch (SQLite)."""
     if len(runs) == 1:
         take = {"b_run_id": runs[0], "b_count": len(per_run[runs[0]])}
-        tops = {runs[0]: (await _TAKE_RUN_SEQ.rows(target, take))[0][0]}
+        tops = {runs[0]: (await _TAKE_RUN_SEQ.rows(tx, take))[0][0]}
     else:  # one statement for every run in the batch, compiled once per run count
         params: dict[str, Any] = {}
         for i, run_id in enumerate(runs):
             params[f"r{i}"] = run_id
             params[f"n{i}"] = len(per_run[run_id])
-        rows = await _take_run_seqs(len(runs)).rows(target, params)
+        rows = await _take_run_seqs(len(runs)).rows(tx, params)
         tops = {row[0]: row[1] for row in rows}
     return {r: tops[r] - len(per_run[r]) for r in runs}
 
 
 async def _append_on_postgresql(
-    target: Target,
+    tx: Tx | AsyncSession,
     runs: list[str],
     per_run: dict[str, list[LogEvent]],
     ordered: list[LogEvent],
@@ -405,14 +405,14 @@ async def _append_on_postgresql(
     params: dict[str, Any] = dict(zip(_ROW_KEYS, zip(*_rows(ordered), strict=True), strict=True))
     params["a_runs"] = runs
     params["a_counts"] = [len(per_run[r]) for r in runs]
-    origin = origin_of(target)
+    origin = origin_of(tx)
     if origin is not None:
         params["wake_channel"] = WAKE_CHANNEL
         params["wake_payload"] = wake_payload(origin, ordered)
     if alongside is not None:
         params.update(alongside.params)
     statement = _append(origin is not None, None if alongside is None else alongside.alongside)
-    rows = await statement.rows(target, params, alone=alone)
+    rows = await statement.rows(tx, params, alone=alone)
     if not rows and alongside is not None:
         return None
     return {row[0]: row[1] - len(per_run[row[0]]) for row in rows}
@@ -545,11 +545,11 @@ class _Batch:
         return list(parts.values())
 
 
-def _alongside(target: Target, batch: _Batch) -> Writes | None:
+def _alongside(tx: Tx, batch: _Batch) -> Writes | None:
     """What the batch's finalizers write in the statement appending its events, where they
     all can (PostgreSQL: one group sharing ``together``, each with its terminal event)."""
     finalizers = [f for _, f in batch.finalizers]
-    if not finalizers or not batch.events or dialect_of(target).name != "postgresql":
+    if not finalizers or not batch.events or dialect_of(tx).name != "postgresql":
         return None
     first = finalizers[0]
     if first.alongside is None or any(f.together is not first.together for f in finalizers):
@@ -557,7 +557,7 @@ def _alongside(target: Target, batch: _Batch) -> Writes | None:
     return first.alongside([f.item for f in finalizers])
 
 
-async def _finalize(target: Target, finalizers: list[Finalizer]) -> list[LogEvent]:
+async def _finalize(tx: Tx, finalizers: list[Finalizer]) -> list[LogEvent]:
     """Each finalizer in its turn, those sharing ``together`` in one call (the first one's
     turn); the events they return."""
     together: dict[Any, list[Any]] = {}
@@ -567,9 +567,9 @@ async def _finalize(target: Target, finalizers: list[Finalizer]) -> list[LogEven
     events: list[LogEvent] = []
     for f in finalizers:
         if f.together is None:
-            events.extend(await f.run(target) or ())
+            events.extend(await f.run(tx) or ())
         elif (items := together.pop(f.together, None)) is not None:
-            done = await (f.run(target) if len(items) == 1 else f.together(target, items))
+            done = await (f.run(tx) if len(items) == 1 else f.together(tx, items))
             events.extend(done or ())
     return events
 
@@ -764,29 +764,29 @@ class EventWriter:
         """The batch in one transaction; the events committed."""
         if not self.db.on_driver or any(f.needs_session for _, f in batch.finalizers):
             async with self.db.write(urgent=True) as session:
-                return await self._write(session, batch)
+                return await self._write(Tx(session), batch)
         # prepared statements alone (tokens, a step's end): no session to open, flush, close
-        async with self.db.driver_write(urgent=True) as driver:
-            alongside = _alongside(driver, batch)
+        async with self.db.driver_write(urgent=True) as tx:
+            alongside = _alongside(tx, batch)
             if alongside is not None:  # one statement, unless what goes with it refuses
-                done = await insert_events_alongside(driver, batch.events, alongside)
+                done = await insert_events_alongside(tx, batch.events, alongside)
                 if done is not None:
                     return done
-                nothing_written(driver)  # the general way, in this transaction
-            return await self._write(driver, batch)
+                nothing_written(tx)  # the general way, in this transaction
+            return await self._write(tx, batch)
 
     @staticmethod
-    async def _write(target: Target, batch: _Batch) -> list[LogEvent]:
+    async def _write(tx: Tx, batch: _Batch) -> list[LogEvent]:
         """Within a round every event is inserted before any finalizer runs, so a finalizer
         sees the events queued with it."""
         committed = (
-            await insert_events(target, batch.events, alone=not batch.finalizers)
+            await insert_events(tx, batch.events, alone=not batch.finalizers)
             if batch.events
             else []
         )
-        extra = await _finalize(target, [f for _, f in batch.finalizers])
+        extra = await _finalize(tx, [f for _, f in batch.finalizers])
         if extra:
-            committed = committed + await insert_events(target, extra)
+            committed = committed + await insert_events(tx, extra)
         return committed
 
     def _poison(self, batch: _Batch, exc: Exception) -> None:

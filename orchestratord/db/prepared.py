@@ -179,8 +179,6 @@ _TARGETS = (AsyncSession, _SqliteTx, _PgTx)
 # what a statement is given to run on: a service's transaction (it says where), a session
 # (a read's), or (inside this package) a target itself
 On: TypeAlias = "Tx | _Target"
-# the name services used for it, until each takes ``tx: Tx`` (or, for a read, a session)
-Target: TypeAlias = "Tx | _Target"
 
 
 def _target(on: On) -> _Target:

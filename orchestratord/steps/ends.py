@@ -15,14 +15,13 @@ from typing import Any, NamedTuple, NoReturn, cast
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
-from sqlalchemy.ext.asyncio import AsyncSession
 
 from orchestrator_core import clock
 from orchestrator_core.errors import Conflict, NotFound
 from orchestrator_core.lifecycle import STEP_END, RunStatus, StepStatus, step_end
 from orchestratord.db.json_codec import dumps
 from orchestratord.db.models import Run, Step
-from orchestratord.db.prepared import Prepared, Target, dialect_of
+from orchestratord.db.prepared import Prepared, dialect_of
 from orchestratord.eventlog import (
     APPEND_RUNS,
     LOCKED,
@@ -35,6 +34,7 @@ from orchestratord.eventlog import (
 from orchestratord.runs.ledger import RunState, Used, settle, settled, used_params
 from orchestratord.steps.ending import Ending, StepEnd
 from orchestratord.steps.transition import settle_run_after_step, step_values
+from orchestratord.tx import Tx
 
 
 def ending_finalizer(step_id: str, run_id: str, ending: Ending) -> Finalizer:
@@ -42,8 +42,8 @@ def ending_finalizer(step_id: str, run_id: str, ending: Ending) -> Finalizer:
     settlement of its reservation. Prepared statements alone, unless it adds rows; then the
     ends of one commit of the event log are made together (``end_together``)."""
 
-    async def finalize(target: Target) -> list[LogEvent]:
-        return await _end_one(target, step_id, ending)
+    async def finalize(tx: Tx) -> list[LogEvent]:
+        return await _end_one(tx, step_id, ending)
 
     if ending.rows:
         return Finalizer(finalize, needs_session=True)
@@ -58,38 +58,37 @@ class _Ends(NamedTuple):
     ending: Ending
 
 
-async def _end_one(target: Target, step_id: str, ending: Ending) -> list[LogEvent]:
-    if dialect_of(target).name == "postgresql":  # one round trip
-        held, run = await _end_and_settle(target, step_id, ending)
+async def _end_one(tx: Tx, step_id: str, ending: Ending) -> list[LogEvent]:
+    if dialect_of(tx).name == "postgresql":  # one round trip
+        held, run = await _end_and_settle(tx, step_id, ending)
     else:
-        held = await _end_running(target, step_id, ending)
+        held = await _end_running(tx, step_id, ending)
         run = await settle(
-            target,
+            tx,
             step=held,
             tokens_in=ending.tokens_in,
             tokens_out=ending.tokens_out,
             cost_usd=ending.cost_usd,
         )
     if ending.rows:
-        assert isinstance(target, AsyncSession)  # needs_session
-        target.add_all(ending.rows)
-    return await settle_run_after_step(target, run_id=held.run_id, state=run)
+        tx.session.add_all(ending.rows)  # (``needs_session``: its session's transaction)
+    return await settle_run_after_step(tx, run_id=held.run_id, state=run)
 
 
-async def end_together(target: Target, items: list[Any]) -> list[LogEvent]:
+async def end_together(tx: Tx, items: list[Any]) -> list[LogEvent]:
     """Steps that end in one commit of the event log (none adding rows). On PostgreSQL one
     statement ends each set of them in distinct runs and settles their runs: a run settles
     once per statement, for one step, as the end of one step settles it (the same sums in
     the same order). Elsewhere, and for one step, each ends as alone."""
     ends = cast(list[_Ends], items)
-    if len(ends) == 1 or dialect_of(target).name != "postgresql":
+    if len(ends) == 1 or dialect_of(tx).name != "postgresql":
         out: list[LogEvent] = []
         for end in ends:
-            out.extend(await _end_one(target, end.step_id, end.ending))
+            out.extend(await _end_one(tx, end.step_id, end.ending))
         return out
     events: list[LogEvent] = []
     for part in _in_distinct_runs(ends):
-        events.extend(await _end_many(target, part))
+        events.extend(await _end_many(tx, part))
     return events
 
 
@@ -134,17 +133,17 @@ def _stored(name: str, value: Any) -> Any:
     return value.value if isinstance(value, StepStatus) else value
 
 
-async def _end_many(target: Target, ends: list[_Ends]) -> list[LogEvent]:
+async def _end_many(tx: Tx, ends: list[_Ends]) -> list[LogEvent]:
     params: dict[str, Any] = _columns(ends)
     params["b_now"] = clock.now()
-    rows = {row[0]: row for row in await _END_AND_SETTLE_MANY.rows(target, params)}
+    rows = {row[0]: row for row in await _END_AND_SETTLE_MANY.rows(tx, params)}
     events: list[LogEvent] = []
     for end in ends:
         row = rows.get(end.step_id)
         if row is None:
-            await _not_running(target, end.step_id)
+            await _not_running(tx, end.step_id)
         state = RunState(*row[1:3])
-        events.extend(await settle_run_after_step(target, run_id=end.run_id, state=state))
+        events.extend(await settle_run_after_step(tx, run_id=end.run_id, state=state))
     return events
 
 
@@ -287,26 +286,26 @@ def _end_params(step_id: str, ending: Ending) -> dict[str, Any]:
     return params
 
 
-async def _end_running(target: Target, step_id: str, ending: Ending) -> _Held:
-    row = await _END_RUNNING.first(target, _end_params(step_id, ending))
+async def _end_running(tx: Tx, step_id: str, ending: Ending) -> _Held:
+    row = await _END_RUNNING.first(tx, _end_params(step_id, ending))
     if row is None:
-        await _not_running(target, step_id)
+        await _not_running(tx, step_id)
     return _Held(*row)
 
 
-async def _end_and_settle(target: Target, step_id: str, ending: Ending) -> tuple[_Held, RunState]:
+async def _end_and_settle(tx: Tx, step_id: str, ending: Ending) -> tuple[_Held, RunState]:
     params = _end_params(step_id, ending)
     params.update(used_params(ending.tokens_in, ending.tokens_out, ending.cost_usd))
-    row = await _END_AND_SETTLE.first(target, params)
+    row = await _END_AND_SETTLE.first(tx, params)
     if row is None:
-        await _not_running(target, step_id)
+        await _not_running(tx, step_id)
     return _Held(*row[2:]), RunState(*row[:2])
 
 
-async def _not_running(target: Target, step_id: str) -> NoReturn:
+async def _not_running(tx: Tx, step_id: str) -> NoReturn:
     """Raise why a step did not end: it is no longer running (ended elsewhere), or there is
     no such step."""
-    found = await _STEP_STATUS.first(target, {"b_step_id": step_id})
+    found = await _STEP_STATUS.first(tx, {"b_step_id": step_id})
     if found is None:
         raise NotFound("step", step_id)
     raise Conflict(f"step {step_id} is {found[0]}, not running: it cannot end here")

@@ -12,7 +12,8 @@ from orchestrator_core.budgets import Ledger
 from orchestrator_core.errors import Conflict, NotFound
 from orchestrator_core.lifecycle import StepStatus
 from orchestratord.db.models import Event, Run, Step
-from orchestratord.db.prepared import Prepared, Target
+from orchestratord.db.prepared import Prepared
+from orchestratord.tx import Tx
 
 # Statements on request paths are built once (bound parameters), not per call: building a
 # select costs more Python than SQLite takes to run it.
@@ -174,9 +175,9 @@ _QUEUED_LANES = Prepared(
 )
 
 
-async def queued_lanes(target: Target) -> set[str | None]:
+async def queued_lanes(tx: Tx) -> set[str | None]:
     """The lanes where a step is queued now (one read: on PostgreSQL no transaction)."""
-    return {row[0] for row in await _QUEUED_LANES.rows(target)}
+    return {row[0] for row in await _QUEUED_LANES.rows(tx)}
 
 
 async def queued_counts(session: AsyncSession) -> dict[str, int]:

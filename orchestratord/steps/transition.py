@@ -31,7 +31,7 @@ from orchestrator_core.lifecycle import (
 )
 from orchestrator_core.pricing import Price
 from orchestratord.db.models import Run, Step
-from orchestratord.db.prepared import Prepared, Target
+from orchestratord.db.prepared import Prepared
 from orchestratord.eventlog import LogEvent, log_event, read_all_step_events
 from orchestratord.runs.ledger import RunState, settle
 from orchestratord.steps.queries import get_step
@@ -131,8 +131,8 @@ async def cancel_step(tx: Tx, *, step_id: str) -> tuple[str, bool]:
     return "cancelling", True
 
 
-async def live_steps(target: Target, run_id: str) -> int:
-    return int((await _LIVE_STEPS.rows(target, {"b_run_id": run_id}))[0][0])
+async def live_steps(tx: Tx | AsyncSession, run_id: str) -> int:
+    return int((await _LIVE_STEPS.rows(tx, {"b_run_id": run_id}))[0][0])
 
 
 _LIVE_STEPS = Prepared(
@@ -148,17 +148,20 @@ _LIVE_STEPS = Prepared(
 )
 
 
-async def settle_run_after_step(target: Target, *, run_id: str, state: RunState) -> list[LogEvent]:
+async def settle_run_after_step(
+    tx: Tx | AsyncSession, *, run_id: str, state: RunState
+) -> list[LogEvent]:
     """After a step's end: a cancelling run becomes cancelled, and a run that was completed
     or cancelled ends (``run_end``, returned to be appended) once no step of it is live.
     ``state``: the run's as the step's settlement left it (its row locked until commit)."""
     status = RunStatus(state.status)
     if status is RunStatus.RUNNING or state.ended_at is not None:
         return []
-    if await live_steps(target, run_id) > 0:
+    if await live_steps(tx, run_id) > 0:
         return []
-    if isinstance(target, AsyncSession):  # the run may be loaded in it: changed there
-        run = await target.get(Run, run_id)
+    session = tx if isinstance(tx, AsyncSession) else tx.joined
+    if session is not None:  # the run may be loaded in it: changed there
+        run = await session.get(Run, run_id)
         assert run is not None
         if status is RunStatus.CANCELLING:
             transition_run(run, RunStatus.CANCELLED)
@@ -167,7 +170,7 @@ async def settle_run_after_step(target: Target, *, run_id: str, state: RunState)
         run_move(status, RunStatus.CANCELLED)
         status = RunStatus.CANCELLED
     params = {"b_run_id": run_id, "b_status": status.value, "b_now": clock.now()}
-    await _END_RUN.rows(target, params)
+    await _END_RUN.rows(tx, params)
     return [_run_end(run_id, status.value)]
 
 

@@ -21,20 +21,20 @@ from orchestrator_core import clock
 from orchestrator_core.errors import Conflict, NotFound
 from orchestrator_core.lifecycle import StepStatus
 from orchestratord.db.models import Run, Step
-from orchestratord.db.prepared import Target
 from orchestratord.eventlog import LogEvent, log_event
 from orchestratord.runtime import Orchestrator
 from orchestratord.steps.ending import Ending, StepEnd
 from orchestratord.steps.ends import ending_finalizer
+from orchestratord.tx import Tx
 from tests.helpers import make_run, stored_events, submit, trace_asyncpg, wait_status
 
 
 @asynccontextmanager
-async def _transaction(orch: Orchestrator, on: str) -> AsyncIterator[Target]:
+async def _transaction(orch: Orchestrator, on: str) -> AsyncIterator[Tx]:
     """The finalizer's transaction: a session's, or (SQLite) the driver's alone."""
     if on == "session":
         async with orch.db.write() as session:
-            yield session
+            yield Tx(session)
         return
     if not orch.db.on_driver:
         pytest.skip("PostgreSQL ends steps in sessions")
@@ -188,7 +188,7 @@ async def _two_sets_first_ended(
     endings = _endings(len(pattern))
     for step_id, run_id, ending in zip(first[2], first[1], endings, strict=True):
         async with orch.db.write() as session:
-            await ending_finalizer(step_id, run_id, ending).run(session)
+            await ending_finalizer(step_id, run_id, ending).run(Tx(session))
     return first, second, endings
 
 
@@ -209,7 +209,7 @@ async def test_steps_ending_in_one_commit_end_as_each_alone_would(
     end_all = finalizers[0].together
     assert end_all is not None and all(f.together is end_all for f in finalizers)
     async with orch.db.write() as session:
-        assert await end_all(session, [f.item for f in finalizers]) == []
+        assert await end_all(Tx(session), [f.item for f in finalizers]) == []
     if not orch.db.is_sqlite:
         assert [head for head, _ in sql] == ["WITH ended AS"] * 2, sql
     assert await _state(client, together, runs_b) == await _state(client, alone, runs_a)
@@ -234,7 +234,7 @@ async def test_a_step_not_running_among_steps_ending_together_is_named(
     assert end_all is not None
     with pytest.raises(Conflict, match=f"step {steps[3]} is succeeded, not running"):
         async with orch.db.write() as session:
-            await end_all(session, [f.item for f in finalizers])
+            await end_all(Tx(session), [f.item for f in finalizers])
     assert await _state(client, steps, runs) == before
 
 
