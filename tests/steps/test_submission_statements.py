@@ -9,8 +9,7 @@ the statement checks what a read would have (the run's status, its budget, the t
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -24,7 +23,7 @@ from orchestratord.db import prepared
 from orchestratord.db.models import Run, Step
 from orchestratord.runtime import Orchestrator
 from orchestratord.steps.submission import context
-from tests.helpers import make_run, submit, wait_status
+from tests.helpers import make_run, measured_task, submit, wait_status
 
 
 class Statements:
@@ -36,15 +35,15 @@ class Statements:
         self.seen: list[str] = []
         self.open = False
         self.savepoints = 0
-        self.task: asyncio.Task[Any] | None = None
+        self.mine: Callable[[], bool] = lambda: False
 
     def start(self) -> None:
         self.seen, self.open, self.savepoints = [], True, 0
-        self.task = asyncio.current_task()
+        self.mine = measured_task()
 
     @property
     def counting(self) -> bool:
-        return self.open and asyncio.current_task() is self.task
+        return self.open and self.mine()
 
     def statement(self, _c: Any, _cur: Any, statement: str, *_a: Any) -> None:
         self.traced(statement)
