@@ -25,10 +25,12 @@ if TYPE_CHECKING:
 class Tx:
     """A write transaction (``Orchestrator.tx``, ``Database.driver_write``)."""
 
-    __slots__ = ("_on", "_sqlite", "callbacks", "events", "undo")
+    __slots__ = ("_on", "_sqlite", "_write", "callbacks", "events", "undo")
 
     def __init__(self, on: AsyncSession | _WriteTx) -> None:
         self._on = on
+        # begun on the driver (``target``, asked at every statement, reads it directly)
+        self._write = None if isinstance(on, AsyncSession) else on
         self.events: list[LogEvent] = []
         self.callbacks: list[Callable[[], None]] = []
         self.undo: list[Callable[[], None]] = []
@@ -52,8 +54,11 @@ class Tx:
     def target(self) -> _Target:
         """Where prepared statements run (``db/prepared.py``): the session once there is one
         (it flushes what it holds first), else the driver's transaction."""
-        on = self._on
-        return on if isinstance(on, AsyncSession) else on.target
+        write = self._write
+        if write is None:
+            return self._on  # type: ignore[return-value]  # (a session's transaction)
+        joined = write.joined
+        return write.driver if joined is None else joined
 
     @property
     def sqlite(self) -> bool:
