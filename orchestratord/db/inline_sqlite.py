@@ -5,7 +5,9 @@ hundreds of microseconds, while the SQLite call itself takes a few: for this ser
 process, WAL mode, writes serialized in-process by an asyncio lock, so nothing waits on a
 lock held by another connection of ours) running the call inline is an order of magnitude
 faster. SQLAlchemy's aiosqlite dialect drives this object exactly as it drives aiosqlite;
-only the methods that dialect uses are provided.
+only the methods that dialect uses are provided, aiosqlite's private ``_conn``, ``_tx`` and
+``_connection`` among them (tests/db/test_sqlalchemy_internals.py checks the installed
+SQLAlchemy reads nothing else).
 
 The cost: a statement blocks the event loop while it runs. Statements here are short and
 indexed; a second *process* writing the same file could make one wait up to the busy

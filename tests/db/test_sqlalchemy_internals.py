@@ -178,3 +178,25 @@ def test_a_type_decorators_processors_are_its_own() -> None:
     result = result_processor(Doubled(), dialect, None)
     assert bind is not None and result is not None
     assert bind(21) == 42 and result(42) == 21
+
+
+def test_the_inline_sqlite_connection_has_all_sqlalchemys_aiosqlite_adapter_reads() -> None:
+    """``InlineConnection`` stands in for aiosqlite's connection under SQLAlchemy's adapter,
+    private attributes included (``_conn``, ``_tx``, ``_connection``): whatever the installed
+    adapter reads of it is there (else SQLite in a file would fail at its first statement)."""
+    import inspect
+    import re
+    import sqlite3
+
+    from sqlalchemy.dialects.sqlite import aiosqlite
+
+    from orchestratord.db.inline_sqlite import InlineConnection
+
+    adapter = inspect.getsource(aiosqlite.AsyncAdapt_aiosqlite_connection)
+    read = set(re.findall(r"self\._connection\.(\w+)", adapter))
+    assert {"_conn", "_tx", "_connection"} <= read
+    inline = InlineConnection(sqlite3.connect(":memory:"))
+    try:
+        assert {name for name in read if not hasattr(inline, name)} == set()
+    finally:
+        inline.stop()
