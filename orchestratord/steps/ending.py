@@ -23,7 +23,7 @@ class StepEnd:
     """The columns of a step's row its end sets (each field a column of ``steps``)."""
 
     status: StepStatus
-    output: dict[str, Any]
+    output: dict[str, Any] | None
     tokens_in: int = 0
     tokens_out: int = 0
     cost_usd: float | None = 0.0  # None: the model had no price (not known)

@@ -11,6 +11,7 @@ runner's finalizer) makes the same move in one ``UPDATE``, whose values come fro
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, cast
 
 import orjson
@@ -34,6 +35,7 @@ from orchestratord.db.models import Run, Step
 from orchestratord.db.prepared import Prepared
 from orchestratord.eventlog import LogEvent, log_event, read_all_step_events
 from orchestratord.runs.ledger import RunState, settle
+from orchestratord.steps.ending import StepEnd
 from orchestratord.steps.queries import get_step
 from orchestratord.tx import Tx
 
@@ -59,6 +61,23 @@ def transition(step: Step, to: StepStatus) -> None:
     step.status = values.pop("status")
     for column, value in values.items():
         setattr(step, column, value)
+
+
+def end_step(step: Step, end: StepEnd) -> None:
+    """End ``step`` (a loaded row, in the caller's transaction) as ``end`` says: its status
+    through ``transition``, then each other column of ``StepEnd``."""
+    transition(step, end.status)
+    for field in dataclasses.fields(end):
+        if field.name != "status":
+            setattr(step, field.name, getattr(end, field.name))
+
+
+def _outcome(step: Step, outcome: str) -> str | None:
+    """A replay step's outcome once it ends outside its runner: ``outcome``, unless it has
+    one already; none for a step that replays nothing."""
+    if step.replay_of is not None and step.replay_outcome is None:
+        return outcome
+    return step.replay_outcome
 
 
 def run_values(move: RunMove, status: Any, now: Any) -> dict[str, Any]:
@@ -89,15 +108,13 @@ async def end_unstarted(
 
     Its reservation goes back to the run.
     """
-    transition(step, status)
-    if step.replay_of is not None and step.replay_outcome is None:
-        step.replay_outcome = "cancelled" if status is StepStatus.CANCELLED else "failed"
-    step.output = {
+    outcome = "cancelled" if status is StepStatus.CANCELLED else "failed"
+    output: dict[str, Any] = {
         "text": "",
         "token_ids": [],
         "stop_reason": "cancelled" if error is None else None,
     }
-    step.error = error
+    end_step(step, StepEnd(status, output, error=error, replay_outcome=_outcome(step, outcome)))
     order = EventOrder()
     started = log_event(
         step.run_id,
@@ -238,19 +255,24 @@ async def end_interrupted(
     }
     events.append(log_event(step.run_id, step.step_id, seq, ErrorEvent(**body)))
     await tx.append_events(events)
-    transition(step, StepStatus.FAILED)
-    if step.replay_of is not None and step.replay_outcome is None:
-        step.replay_outcome = "failed"
-    step.error = body
+    output = step.output
     if step.pool_id is not None:  # an engine step: what it generated before it was lost
-        step.output = {
+        output = {
             "text": "".join(t["t"] for t in tokens),
             "token_ids": [t["token_id"] for t in tokens],
             "stop_reason": None,
         }
-    step.tokens_in = tokens_in
-    step.tokens_out = tokens_out
-    step.cost_usd = cost
+    end = StepEnd(
+        StepStatus.FAILED,
+        output,
+        tokens_in=tokens_in,
+        tokens_out=tokens_out,
+        cost_usd=cost,
+        provenance=step.provenance,
+        error=body,
+        replay_outcome=_outcome(step, "failed"),
+    )
+    end_step(step, end)
     run = await settle(
         session, step=step, tokens_in=tokens_in, tokens_out=tokens_out, cost_usd=cost
     )
