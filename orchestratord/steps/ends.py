@@ -163,7 +163,7 @@ def _end_values(value: Callable[[sa.Column[Any]], Any], now: Any) -> dict[str, A
     return values
 
 
-def _ending(*where: Any) -> Any:
+def _ending(*where: Any) -> sa.Update:
     """The running steps of ``where``, as an UPDATE to give values (``_end_values``)."""
     return _STEPS.update().where(*where, _STEPS.c.status == STEP_END.source.value)
 
@@ -222,8 +222,7 @@ _MANY_PARAMS = [
 def _ended_many(columns: Sequence[Any], now: Any, *also: Any) -> sa.Update:
     """The steps of ``unnest(columns)`` that are running, ended at ``now`` (where ``also``)."""
     each = sa.func.unnest(*columns).table_valued("step_id", *_FIELDS).render_derived(name="each")
-    return cast(
-        sa.Update,
+    return (
         _ending(_STEPS.c.step_id == each.c.step_id, *also)
         .values(
             _end_values(
@@ -245,7 +244,7 @@ def _ended_many(columns: Sequence[Any], now: Any, *also: Any) -> sa.Update:
             each.c.tokens_out.label("used_out"),
             sa.func.coalesce(each.c.cost_usd, 0.0).label("used_cost"),
             sa.case((each.c.cost_usd.is_(None), 1), else_=0).label("unpriced"),
-        ),
+        )
     )
 
 
