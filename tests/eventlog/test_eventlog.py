@@ -274,3 +274,35 @@ async def test_finalizers_sharing_together_run_as_one_call_in_the_first_ones_tur
     events = await _finalize(None, finalizers)  # type: ignore[arg-type]
     assert calls == ["a", ("ends", ["e1", "e2", "e3"]), "f1", "b"]  # a group of one runs alone
     assert [ev.data for ev in events] == [b"a", b"ends", b"f1", b"b"]
+
+
+def test_the_append_statements_are_built_once_per_shape() -> None:
+    """Each shape of the statements appending a batch is a Core expression built and
+    compiled once (per run count on SQLite, per wake-up and what goes alongside on
+    PostgreSQL), and its array parameters reach the driver as they are."""
+    from sqlalchemy.dialects import sqlite
+    from sqlalchemy.dialects.postgresql.asyncpg import dialect as asyncpg_dialect
+
+    from orchestratord import eventlog
+    from orchestratord.steps import ends
+
+    assert eventlog._take_run_seqs(3) is eventlog._take_run_seqs(3)
+    sql = eventlog._take_run_seqs(3).compiled(sqlite.dialect()).sql
+    assert sql.startswith("UPDATE runs SET event_seq=") and sql.count("WHEN ?") == 3
+
+    pg = asyncpg_dialect()  # type: ignore[no-untyped-call]
+    for wake in (False, True):
+        for alongside in (None, ends._ALONGSIDE):
+            statement = eventlog._append(wake, alongside)
+            assert statement is eventlog._append(wake, alongside)
+            compiled = statement.compiled(pg)
+            assert compiled.sql.startswith("WITH locked AS MATERIALIZED")
+            assert "FOR NO KEY UPDATE" in compiled.sql
+            assert ("pg_notify(" in compiled.sql) is wake
+            keys = {key for key, _, _, _ in compiled.params}
+            assert {"a_runs", "a_counts", *eventlog._ROW_KEYS} <= keys
+    array = eventlog.PlainArray(sa.String)
+    assert array.dialect_impl(pg).bind_processor(pg) is None
+    assert str(sa.select(sa.bindparam("x", type_=array)).compile(dialect=pg)).startswith(
+        "SELECT $1::VARCHAR[]"
+    )
