@@ -41,7 +41,7 @@ async def test_tokens_out_is_clamped_and_stops_with_budget(client: httpx.AsyncCl
 async def test_refusal_while_held_by_running_steps_is_retriable(
     client: httpx.AsyncClient, orch: Orchestrator
 ) -> None:
-    _slow(orch)
+    _slow(orch, rate=1.0)  # the first step holds its reservation until it is cancelled
     run_id = await make_run(client, budgets={"max_tokens_out": 10})
     first = await submit(client, run_id, token="a", max_tokens=10)
     assert first.status_code == 202
