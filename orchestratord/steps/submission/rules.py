@@ -320,5 +320,5 @@ def record_decision(
 async def admission_lock(session: AsyncSession, priority: str) -> None:
     """Held to the end of the transaction; taking it again in the same one is a no-op wait."""
     await session.execute(
-        sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": 70_000 + PRIORITY_RANK[priority]}
+        sa.select(sa.func.pg_advisory_xact_lock(70_000 + PRIORITY_RANK[priority]))
     )
