@@ -57,10 +57,7 @@ def step_values(move: StepMove, status: Any, now: Any) -> dict[str, Any]:
 
 def transition(step: Step, to: StepStatus) -> None:
     """Move ``step`` to ``to`` (in the caller's transaction), or raise ``Conflict``."""
-    values = step_values(step_move(StepStatus(step.status), to), to.value, clock.now())
-    step.status = values.pop("status")
-    for column, value in values.items():
-        setattr(step, column, value)
+    _write(step, step_values(step_move(StepStatus(step.status), to), to.value, clock.now()))
 
 
 def end_step(step: Step, end: StepEnd) -> None:
@@ -91,10 +88,15 @@ def run_values(move: RunMove, status: Any, now: Any) -> dict[str, Any]:
 
 def transition_run(run: Run, to: RunStatus) -> None:
     """Move ``run`` to ``to`` (in the caller's transaction), or raise ``Conflict``."""
-    values = run_values(run_move(RunStatus(run.status), to), to.value, clock.now())
-    run.status = values.pop("status")
+    _write(run, run_values(run_move(RunStatus(run.status), to), to.value, clock.now()))
+
+
+def _write(step_or_run: Step | Run, values: dict[str, Any]) -> None:
+    """Set a loaded row's columns to a status move's ``values`` (``step_values`` or
+    ``run_values``): the one place a step's status, and a run's, is written."""
+    step_or_run.status = values.pop("status")
     for column, value in values.items():
-        setattr(run, column, value)
+        setattr(step_or_run, column, value)
 
 
 _STEPS = cast(sa.Table, Step.__table__)
