@@ -433,14 +433,7 @@ def check_session(session: Any = Session) -> None:
     ``ORM_SESSION``."""
     missing = [name for name in ORM_SESSION if not hasattr(session, name)]
     if missing:
-        import sqlalchemy
-
-        raise RuntimeError(
-            f"SQLAlchemy {sqlalchemy.__version__}: its ORM Session has no "
-            + ", ".join(missing)
-            + " (orchestratord/db/prepared.py uses it; install the version pyproject.toml"
-            " names)"
-        )
+        raise _lacking("its ORM Session", missing, "uses it")
 
 
 def check_asyncpg_adapter(adapter: Any = None) -> None:
@@ -452,14 +445,18 @@ def check_asyncpg_adapter(adapter: Any = None) -> None:
         adapter = AsyncAdapt_asyncpg_connection
     missing = [name for name in ASYNCPG_ADAPTER if not hasattr(adapter, name)]
     if missing:
-        import sqlalchemy
+        raise _lacking("its asyncpg adapter", missing, "runs statements on it")
 
-        raise RuntimeError(
-            f"SQLAlchemy {sqlalchemy.__version__}: its asyncpg adapter has no "
-            + ", ".join(missing)
-            + " (orchestratord/db/prepared.py runs statements on it; install the version"
-            " pyproject.toml names)"
-        )
+
+def _lacking(what: str, missing: list[str], use: str) -> RuntimeError:
+    """The error refusing a SQLAlchemy whose ``what`` lacks the attributes ``missing``
+    (``use``: what this module does with it)."""
+    import sqlalchemy
+
+    return RuntimeError(
+        f"SQLAlchemy {sqlalchemy.__version__}: {what} has no {', '.join(missing)} "
+        f"(orchestratord/db/prepared.py {use}; install the version pyproject.toml names)"
+    )
 
 
 async def run_on_asyncpg(
