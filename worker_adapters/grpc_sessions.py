@@ -1,19 +1,21 @@
 """What the gRPC session-bound adapters (Kakeya, Salience) share: one channel per replica
 made inside the running loop, unary calls with the protocol's statuses mapped, cancellable
 streaming calls by request id, session handles, the control-plane tokenizer, and the options
-and URL forms of their pools."""
+and registration of their engines."""
 
 from __future__ import annotations
 
+import abc
 import contextlib
-from typing import Any, ClassVar
+from collections.abc import AsyncIterator, Callable
+from typing import Any, ClassVar, TypedDict, TypeVar
 
 import grpc  # type: ignore[import-untyped]
 from pydantic import BaseModel, ConfigDict, Field
 
-from worker_adapters.base import GenerationRequest, WorkerAdapter
+from worker_adapters.base import AdapterEvent, GenerationRequest, WorkerAdapter
 from worker_adapters.errors import AdapterError
-from worker_adapters.registry import ReplicaConfig, UrlForms
+from worker_adapters.registry import EngineDefaults, EngineVariant, ReplicaConfig, UrlForms
 from worker_adapters.session_handle import EngineSession
 from worker_adapters.sessions import error_for_status
 from worker_adapters.tokenizers import Tokenizer, tokenizer_named
@@ -63,6 +65,25 @@ class GrpcSessionAdapter(WorkerAdapter):
         except grpc.aio.AioRpcError as exc:
             raise self._error(exc) from exc
 
+    async def stream(self, request: GenerationRequest) -> AsyncIterator[AdapterEvent]:
+        """The prompt tokenized here and generated on the run's session; without one, on a
+        one-shot session closed afterwards."""
+        session = request.session or self.open_session()
+        prompt = self._tokenizer.encode(request.rendered_prompt())
+        try:
+            async for event in self._generate(session, request, prompt):
+                yield event
+        finally:
+            self._cancelled.discard(request.request_id)
+            if request.session is None and session.session_id is not None:
+                await self._close_quietly(session.session_id)
+
+    @abc.abstractmethod
+    def _generate(
+        self, session: EngineSession, request: GenerationRequest, prompt: list[int]
+    ) -> AsyncIterator[AdapterEvent]:
+        """Generate for ``request`` on ``session``, whose conversation is ``prompt``."""
+
     def open_session(self) -> EngineSession:
         """A handle for a run; the engine's session is created when first used."""
         return EngineSession(protocol=self.kind, replica=self.target)
@@ -105,12 +126,14 @@ def grpc_target(url: str) -> str:
     return f"{host}:{port}"
 
 
-def grpc_url(example_port: int) -> UrlForms:
-    return UrlForms(
-        needs="its gRPC address as url",
-        examples=(f"grpc://127.0.0.1:{example_port}", f"127.0.0.1:{example_port}"),
-        address=grpc_target,
-    )
+class SessionArgs(TypedDict):
+    """What every gRPC session adapter is built with from its replica and options."""
+
+    target: str
+    tokenizer: Tokenizer
+    model: str
+    model_hash: str | None
+    timeout_s: float
 
 
 class SessionOptions(BaseModel):
@@ -128,7 +151,40 @@ class SessionOptions(BaseModel):
     )
     timeout_s: float = Field(default=30.0, description="seconds each unary call may take")
 
-    def tokenizer_for(self, replica: ReplicaConfig) -> tuple[Tokenizer, str]:
-        """The tokenizer, and the model name (the replica's, else the vocabulary's model)."""
+    def session_args(self, replica: ReplicaConfig) -> SessionArgs:
+        """The adapter's common arguments: the replica's gRPC target, the tokenizer, the
+        model (the replica's, else the vocabulary's model), its hash and the call timeout."""
         model = replica.model or ("sim-1" if self.tokenizer == "sim" else "gemma-3-270m")
-        return tokenizer_named(self.tokenizer), model
+        return SessionArgs(
+            target=replica.required_address,
+            tokenizer=tokenizer_named(self.tokenizer),
+            model=model,
+            model_hash=self.model_hash,
+            timeout_s=self.timeout_s,
+        )
+
+
+SessionOptionsT = TypeVar("SessionOptionsT", bound=SessionOptions)
+
+
+def session_variant(
+    adapter: type[GrpcSessionAdapter],
+    options: type[SessionOptionsT],
+    build: Callable[[ReplicaConfig, SessionOptionsT, EngineDefaults], WorkerAdapter],
+    *,
+    example_port: int,
+) -> EngineVariant[SessionOptionsT]:
+    """A gRPC session engine's registration: a replica's url is its gRPC address
+    (``grpc://host:port`` or a target as gRPC reads it), and prompts are tokenized here with
+    the vocabulary its ``options.tokenizer`` names."""
+    return EngineVariant(
+        adapter=adapter,
+        options=options,
+        build=build,
+        url=UrlForms(
+            needs="its gRPC address as url",
+            examples=(f"grpc://127.0.0.1:{example_port}", f"127.0.0.1:{example_port}"),
+            address=grpc_target,
+        ),
+        tokenizer="control_plane",
+    )

@@ -32,8 +32,8 @@ from worker_adapters.base import (
     Token,
 )
 from worker_adapters.errors import AdapterError, EngineFailure, EngineUnavailable
-from worker_adapters.grpc_sessions import GrpcSessionAdapter, SessionOptions, grpc_url
-from worker_adapters.registry import EngineDefaults, EngineVariant, ReplicaConfig
+from worker_adapters.grpc_sessions import GrpcSessionAdapter, SessionOptions, session_variant
+from worker_adapters.registry import EngineDefaults, ReplicaConfig
 from worker_adapters.session_handle import EngineSession
 from worker_adapters.sessions import SessionDrift, SessionFinish, SessionLost, common_prefix
 from worker_adapters.stops import StopMatcher
@@ -124,18 +124,6 @@ class KakeyaAdapter(GrpcSessionAdapter):
         except SessionLost:
             await self._rebuild(session, prompt)
 
-    async def stream(self, request: GenerationRequest) -> AsyncIterator[AdapterEvent]:
-        session = request.session or self.open_session()
-        prompt = self._tokenizer.encode(request.rendered_prompt())
-        try:
-            await self._prepare(session, prompt)
-            async for event in self._generate(session, request, len(prompt)):
-                yield event
-        finally:
-            self._cancelled.discard(request.request_id)
-            if request.session is None and session.session_id is not None:
-                await self._close_quietly(session.session_id)
-
     def _generate_request(self, session: EngineSession, request: GenerationRequest) -> Any:
         return self._pb.GenerateRequest(
             session_id=session.session_id,
@@ -147,8 +135,10 @@ class KakeyaAdapter(GrpcSessionAdapter):
         )
 
     async def _generate(
-        self, session: EngineSession, request: GenerationRequest, tokens_in: int
+        self, session: EngineSession, request: GenerationRequest, prompt: list[int]
     ) -> AsyncIterator[AdapterEvent]:
+        await self._prepare(session, prompt)
+        tokens_in = len(prompt)
         rid = request.request_id
         decoder = PieceDecoder(self._tokenizer)
         matcher = StopMatcher(request.stop)
@@ -258,22 +248,7 @@ class KakeyaOptions(SessionOptions):
 def _build(
     replica: ReplicaConfig, options: KakeyaOptions, defaults: EngineDefaults
 ) -> KakeyaAdapter:
-    assert replica.address is not None  # the pools file requires a url
-    tokenizer, model = options.tokenizer_for(replica)
-    return KakeyaAdapter(
-        target=replica.address,
-        tokenizer=tokenizer,
-        model=model,
-        context_size=options.context_size,
-        model_hash=options.model_hash,
-        timeout_s=options.timeout_s,
-    )
+    return KakeyaAdapter(**options.session_args(replica), context_size=options.context_size)
 
 
-VARIANT = EngineVariant(
-    adapter=KakeyaAdapter,
-    options=KakeyaOptions,
-    build=_build,
-    url=grpc_url(50051),
-    tokenizer="control_plane",
-)
+VARIANT = session_variant(KakeyaAdapter, KakeyaOptions, _build, example_port=50051)

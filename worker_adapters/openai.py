@@ -293,9 +293,8 @@ class OpenAIOptions(BaseModel):
 def _build(
     replica: ReplicaConfig, options: OpenAIOptions, defaults: EngineDefaults
 ) -> OpenAIAdapter:
-    assert replica.address is not None  # the pools file requires a url
     return OpenAIAdapter(
-        base_url=replica.address,
+        base_url=replica.required_address,
         model=replica.model,
         api_key=options.api_key,
         model_hash=options.model_hash,

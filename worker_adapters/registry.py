@@ -67,6 +67,13 @@ class ReplicaConfig:
     model: str | None
     slots: int
 
+    @property
+    def required_address(self) -> str:
+        """``address``, for an engine whose replicas need a url (the pools file refuses a
+        replica of it without one)."""
+        assert self.address is not None  # the pools file requires a url
+        return self.address
+
 
 def _as_written(url: str) -> str:
     return url

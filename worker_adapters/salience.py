@@ -38,8 +38,8 @@ from worker_adapters.base import (
     TokenAlternative,
 )
 from worker_adapters.errors import AdapterError, EngineFailure, EngineUnavailable
-from worker_adapters.grpc_sessions import GrpcSessionAdapter, SessionOptions, grpc_url
-from worker_adapters.registry import EngineDefaults, EngineVariant, ReplicaConfig
+from worker_adapters.grpc_sessions import GrpcSessionAdapter, SessionOptions, session_variant
+from worker_adapters.registry import EngineDefaults, ReplicaConfig
 from worker_adapters.session_handle import EngineSession
 from worker_adapters.sessions import SessionDrift, SessionFinish, SessionLost, common_prefix
 from worker_adapters.stops import StopMatcher
@@ -145,17 +145,6 @@ class SalienceAdapter(GrpcSessionAdapter):
             top_k=request.top_k,
             stop_token_ids=self._stops,
         )
-
-    async def stream(self, request: GenerationRequest) -> AsyncIterator[AdapterEvent]:
-        session = request.session or self.open_session()
-        prompt = self._tokenizer.encode(request.rendered_prompt())
-        try:
-            async for event in self._generate(session, request, prompt):
-                yield event
-        finally:
-            self._cancelled.discard(request.request_id)
-            if request.session is None and session.session_id is not None:
-                await self._close_quietly(session.session_id)
 
     async def _generate(
         self, session: EngineSession, request: GenerationRequest, prompt: list[int]
@@ -305,22 +294,7 @@ class SalienceOptions(SessionOptions):
 def _build(
     replica: ReplicaConfig, options: SalienceOptions, defaults: EngineDefaults
 ) -> SalienceAdapter:
-    assert replica.address is not None  # the pools file requires a url
-    tokenizer, model = options.tokenizer_for(replica)
-    return SalienceAdapter(
-        target=replica.address,
-        tokenizer=tokenizer,
-        model=model,
-        top_logprobs=options.top_logprobs,
-        model_hash=options.model_hash,
-        timeout_s=options.timeout_s,
-    )
+    return SalienceAdapter(**options.session_args(replica), top_logprobs=options.top_logprobs)
 
 
-VARIANT = EngineVariant(
-    adapter=SalienceAdapter,
-    options=SalienceOptions,
-    build=_build,
-    url=grpc_url(50052),
-    tokenizer="control_plane",
-)
+VARIANT = session_variant(SalienceAdapter, SalienceOptions, _build, example_port=50052)

@@ -377,9 +377,8 @@ def socket_path(url: str) -> str:
 
 
 def _build(replica: ReplicaConfig, options: UmaOptions, defaults: EngineDefaults) -> UmaAdapter:
-    assert replica.address is not None  # the pools file requires a url
     return UmaAdapter(
-        socket_path=replica.address,
+        socket_path=replica.required_address,
         model=replica.model or "uma",
         context_size=options.context_size,
         model_hash=options.model_hash,
