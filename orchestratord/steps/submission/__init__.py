@@ -20,6 +20,10 @@ Where each lives:
   when it stores nothing; ``statements.py``: the statements, built once;
 - ``pipeline.py``: ``RULES`` and ``submit_step``, from a kept run or a read.
 
+The package gives what its callers use (``submit_step`` and its ``SubmitContext``, the
+``Submitted`` it answers, ``RULES``, ``Insert``); each rule and the rest are imported from the
+module that defines them.
+
 A step's budget rule is ``orchestrator_core/budgets.py`` (``StepBudget``, ``fits``); the
 database re-checks it as it reserves (``runs/ledger.RESERVE``).
 
@@ -38,53 +42,8 @@ inserted running (``StartNow``): its execution begins once the submission commit
 claim of its own; it never waits, so admission (which bounds the queue) does not count it.
 """
 
-from orchestratord.steps.submission.context import (
-    ReadAgain,
-    Rule,
-    Slot,
-    Starter,
-    Submission,
-    SubmitContext,
-    Submitted,
-    build_step,
-)
+from orchestratord.steps.submission.context import SubmitContext, Submitted
 from orchestratord.steps.submission.insert import Insert
 from orchestratord.steps.submission.pipeline import RULES, submit_step
-from orchestratord.steps.submission.rules import (
-    Admit,
-    BoundPrompt,
-    LoadRun,
-    MatchRecord,
-    Place,
-    Police,
-    Quote,
-    ResolveKind,
-    StartNow,
-    admission_lock,
-    record_decision,
-)
 
-__all__ = [
-    "RULES",
-    "Admit",
-    "BoundPrompt",
-    "Insert",
-    "LoadRun",
-    "MatchRecord",
-    "Place",
-    "Police",
-    "Quote",
-    "ReadAgain",
-    "ResolveKind",
-    "Rule",
-    "Slot",
-    "StartNow",
-    "Starter",
-    "Submission",
-    "SubmitContext",
-    "Submitted",
-    "admission_lock",
-    "build_step",
-    "record_decision",
-    "submit_step",
-]
+__all__ = ["RULES", "Insert", "SubmitContext", "Submitted", "submit_step"]
