@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator, MutableMapping
 from typing import Any
 
@@ -220,6 +221,9 @@ async def test_requests_per_minute_shared_by_processes(pg_url: str, tmp_path: An
     a, b = Orchestrator(settings), Orchestrator(settings)
     await a.start()
     await b.start()
+    # one minute throughout, whatever the machine's speed: the test must not straddle two
+    minute = 60.0 * (time.time() // 60) + 30.0
+    a.rates._clock = b.rates._clock = lambda: minute
     try:
         key = await _key(a, Scope.READ)
         headers = {"Authorization": f"Bearer {key}"}
