@@ -9,6 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
+from orchestrator_core import clock
 from orchestratord.runtime import Orchestrator
 from tests.helpers import make_run, read_stream, submit, wait_status
 from worker_adapters.sim import SimAdapter
@@ -114,13 +115,15 @@ async def test_wall_budget_stops_a_running_step(
     assert events[-1].data is not None and events[-1].data["stop_reason"] == "budget"
 
 
-async def test_run_wall_budget_refuses_late_steps(client: httpx.AsyncClient) -> None:
+async def test_run_wall_budget_refuses_late_steps(
+    client: httpx.AsyncClient, skewed: clock.SkewedClock
+) -> None:
     # long enough that the first submission lands inside it on a loaded machine (at 150 ms
     # a slow PostgreSQL submission was itself refused, and its 409 carries no such header)
     run_id = await make_run(client, budgets={"max_wall_ms": 1500})
     r = await submit(client, run_id, token="a")
     assert r.headers["X-Budget-Time-Remaining-Ms"].isdigit()
-    await asyncio.sleep(1.6)
+    skewed.advance(1.6)  # the run's wall clock passes its budget
     late = await submit(client, run_id, token="b")
     assert late.status_code == 409
     assert late.json()["details"]["limit"] == "max_wall_ms"
