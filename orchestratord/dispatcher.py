@@ -232,7 +232,7 @@ class Dispatcher:
                 kept.append(pool)
         return kept
 
-    # Steps started in their submission's transaction (``steps/submission.StartNow``).
+    # Steps started in their submission's transaction (``steps/submission/rules.py: StartNow``).
 
     def may_start(self) -> bool:
         return not self.paused and not self._stopping
