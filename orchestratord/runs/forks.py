@@ -21,7 +21,7 @@ from orchestrator_core.lifecycle import RunStatus
 from orchestratord.db.models import Checkpoint, Fact, Run
 from orchestratord.eventlog import log_event
 from orchestratord.facts.rows import fact_row
-from orchestratord.runs.service import get_run
+from orchestratord.runs.service import NEW_RUN_ACCOUNT, get_run
 from orchestratord.tx import Tx
 
 
@@ -59,15 +59,7 @@ async def fork_run(tx: Tx, *, run_id: str, body: RunFork) -> Run:
         pool_policy=parent.pool_policy,
         fs_policy=parent.fs_policy,
         cancel_on_disconnect=parent.cancel_on_disconnect,
-        tokens_in_used=0,
-        tokens_out_used=0,
-        cost_used_usd=0.0,
-        unpriced_steps=0,
-        tokens_in_reserved=0,
-        tokens_out_reserved=0,
-        cost_reserved_usd=0.0,
-        step_count=0,
-        event_seq=0,
+        **NEW_RUN_ACCOUNT,
         forked_from={"run_id": parent.run_id, "checkpoint_id": checkpoint.checkpoint_id},
         created_at=now,
         updated_at=now,

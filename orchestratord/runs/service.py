@@ -23,6 +23,20 @@ from orchestratord.runs.ledger import usage_of
 from orchestratord.steps.transition import end_run, end_unstarted, live_steps, transition_run
 from orchestratord.tx import Tx
 
+# What a new run has used, reserved and written: nothing (a fork starts from nothing too).
+NEW_RUN_ACCOUNT: dict[str, Any] = {
+    "tokens_in_used": 0,
+    "tokens_out_used": 0,
+    "cost_used_usd": 0.0,
+    "unpriced_steps": 0,
+    "tokens_in_reserved": 0,
+    "tokens_out_reserved": 0,
+    "cost_reserved_usd": 0.0,
+    "step_count": 0,
+    "event_seq": 0,
+}
+
+
 # Seeds the server picks fit in 32 bits, which every engine accepts.
 _SERVER_SEED_BOUND = 2**32
 
@@ -88,18 +102,10 @@ async def create_run(
         policy=policy,
         policy_hash=evaluator.policy_hash,
         price_table=price_version,
-        tokens_in_reserved=0,
-        tokens_out_reserved=0,
-        cost_reserved_usd=0.0,
         pool_policy=pool_policy,
         fs_policy=fs_policy,
         cancel_on_disconnect=body.cancel_on_disconnect,
-        tokens_in_used=0,
-        tokens_out_used=0,
-        cost_used_usd=0.0,
-        unpriced_steps=0,
-        step_count=0,
-        event_seq=0,
+        **NEW_RUN_ACCOUNT,
         created_at=now,
         updated_at=now,
     )
