@@ -379,21 +379,13 @@ class _LlmRun:
                 "provenance": provenance,
             },
         )
-        return Ending(
-            status=status,
-            event=EndEvent(
-                stop_reason=stop_reason,
-                tokens_in=usage.tokens_in,
-                tokens_out=usage.tokens_out,
-                provenance=Provenance(**provenance),
-            ),
-            output={**output, "stop_reason": stop_reason},
+        event = EndEvent(
+            stop_reason=stop_reason,
             tokens_in=usage.tokens_in,
             tokens_out=usage.tokens_out,
-            cost_usd=usage.cost_usd,
-            provenance=provenance,
-            replay_outcome=outcome,
+            provenance=Provenance(**provenance),
         )
+        return _ending(status, event, stop_reason, output, usage, provenance, outcome)
 
     def _observe(
         self, progress: _Progress, started: float, decode_s: float, tokens_in: int, tokens_out: int
@@ -595,14 +587,30 @@ def _error(
     provenance: dict[str, Any],
     outcome: str | None,
 ) -> Ending:
+    event = ErrorEvent(**body)
+    return _ending(StepStatus.FAILED, event, None, output, usage, provenance, outcome, error=body)
+
+
+def _ending(
+    status: StepStatus,
+    event: EndEvent | ErrorEvent,
+    stop_reason: str | None,
+    output: dict[str, Any],
+    usage: _Usage,
+    provenance: dict[str, Any],
+    outcome: str | None,
+    *,
+    error: dict[str, Any] | None = None,
+) -> Ending:
+    """A step's end: its event, and the row's columns from what the call used."""
     return Ending(
-        status=StepStatus.FAILED,
-        event=ErrorEvent(**body),
-        output={**output, "stop_reason": None},
+        status=status,
+        event=event,
+        output={**output, "stop_reason": stop_reason},
         tokens_in=usage.tokens_in,
         tokens_out=usage.tokens_out,
         cost_usd=usage.cost_usd,
         provenance=provenance,
-        error=body,
+        error=error,
         replay_outcome=outcome,
     )
