@@ -6,6 +6,7 @@ and registration of their engines."""
 from __future__ import annotations
 
 import abc
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
 from typing import Any, ClassVar, TypedDict, TypeVar
@@ -102,6 +103,12 @@ class GrpcSessionAdapter(WorkerAdapter):
         if call is not None:
             self._cancelled.add(request_id)
             call.cancel()
+
+    def _cancelled_by_request(self, request_id: str) -> bool:
+        """The CancelledError being handled came from :meth:`cancel` (the call was cancelled
+        for ``request_id``), not from a cancellation of the task itself."""
+        task = asyncio.current_task()
+        return request_id in self._cancelled and task is not None and not task.cancelling()
 
     def count_tokens(self, request: GenerationRequest) -> int | None:
         return len(self._tokenizer.encode(request.rendered_prompt()))

@@ -195,8 +195,7 @@ class SalienceAdapter(GrpcSessionAdapter):
                 else:
                     raise error from exc
             except asyncio.CancelledError:
-                task = asyncio.current_task()
-                if rid in self._cancelled and task is not None and not task.cancelling():
+                if self._cancelled_by_request(rid):
                     return  # cancel(): like every adapter, the stream just ends
                 raise
             finally:
