@@ -123,12 +123,12 @@ class SimAdapter(WorkerAdapter):
 
     async def stream(self, request: GenerationRequest) -> AsyncIterator[AdapterEvent]:
         rid = request.request_id
-        if request.json_schema is not None:
-            async for event in self._stream_json(request):
-                yield event
-            return
         self._active.add(rid)
         try:
+            if request.json_schema is not None:
+                async for event in self._stream_json(request):
+                    yield event
+                return
             rng = self._rng(request)
             tokens_in = sim_token_count(request.rendered_prompt())
             interval = 1.0 / self.tokens_per_s if self.tokens_per_s > 0 else 0.0
@@ -172,44 +172,39 @@ class SimAdapter(WorkerAdapter):
     async def _stream_json(self, request: GenerationRequest) -> AsyncIterator[AdapterEvent]:
         """JSON for the request's schema (``sim_json``), streamed in token-sized pieces."""
         rid = request.request_id
-        self._active.add(rid)
-        try:
-            schema = json.dumps(request.json_schema, sort_keys=True).encode()
-            # model_hash, unlike the plain seed, covers the JSON settings
-            material = self._rng(request).getrandbits(256).to_bytes(32, "big") + schema
-            seed = hashlib.sha256(material + self.model_hash.encode())
-            sampler = SchemaSampler(
-                random.Random(seed.digest()),
-                error_p=self.schema_error_probability,
-                unknown_p=self.unknown_tool_probability,
-            )
-            text = json.dumps(sampler.sample(request.json_schema), ensure_ascii=False)
-            pieces = json_pieces(text)
-            interval = 1.0 / self.tokens_per_s if self.tokens_per_s > 0 else 0.0
-            matcher = StopMatcher(request.stop)
-            sent = 0
-            stop_reason = "eos"
-            for n, piece in enumerate(pieces):
-                if n >= request.max_tokens:
-                    stop_reason = "length"
-                    break
-                await asyncio.sleep(interval)
-                if rid in self._cancelled:
-                    return
-                for tok in matcher.push(Token(text=piece, token_id=None)):
-                    sent += 1
-                    yield tok
-                if matcher.stopped:
-                    stop_reason = "stop"
-                    break
-            for tok in matcher.flush():
+        schema = json.dumps(request.json_schema, sort_keys=True).encode()
+        # model_hash, unlike the plain seed, covers the JSON settings
+        material = self._rng(request).getrandbits(256).to_bytes(32, "big") + schema
+        seed = hashlib.sha256(material + self.model_hash.encode())
+        sampler = SchemaSampler(
+            random.Random(seed.digest()),
+            error_p=self.schema_error_probability,
+            unknown_p=self.unknown_tool_probability,
+        )
+        text = json.dumps(sampler.sample(request.json_schema), ensure_ascii=False)
+        pieces = json_pieces(text)
+        interval = 1.0 / self.tokens_per_s if self.tokens_per_s > 0 else 0.0
+        matcher = StopMatcher(request.stop)
+        sent = 0
+        stop_reason = "eos"
+        for n, piece in enumerate(pieces):
+            if n >= request.max_tokens:
+                stop_reason = "length"
+                break
+            await asyncio.sleep(interval)
+            if rid in self._cancelled:
+                return
+            for tok in matcher.push(Token(text=piece, token_id=None)):
                 sent += 1
                 yield tok
-            tokens_in = sim_token_count(request.rendered_prompt())
-            yield Finish(stop_reason=stop_reason, tokens_in=tokens_in, tokens_out=sent)
-        finally:
-            self._active.discard(rid)
-            self._cancelled.discard(rid)
+            if matcher.stopped:
+                stop_reason = "stop"
+                break
+        for tok in matcher.flush():
+            sent += 1
+            yield tok
+        tokens_in = sim_token_count(request.rendered_prompt())
+        yield Finish(stop_reason=stop_reason, tokens_in=tokens_in, tokens_out=sent)
 
     def count_tokens(self, request: GenerationRequest) -> int | None:
         return sim_token_count(request.rendered_prompt())
