@@ -117,9 +117,9 @@ class Channel:
         return [self._buf[i] for i in range(start, end)]
 
     async def wait(self, cursor: int, timeout: float) -> bool:
-        """Wait for an event at ``cursor`` or later, or a poke; False when ``timeout`` passed
-        first."""
-        if self.last >= cursor:
+        """Wait for an event at ``cursor`` or later, a poke or the channel's close; False when
+        ``timeout`` passed first."""
+        if self.last >= cursor or self.closed:  # closed while its follower read the log
             return True
         # one future and one timer (``asyncio.wait_for`` adds a coroutine, a callback and a
         # cancellation round per wait: an idle stream waits once per keep-alive)
