@@ -33,6 +33,7 @@ Errors are this module's: :class:`ConnectFailed`, :class:`TimedOut`, :class:`Bro
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import base64
 import contextlib
@@ -212,8 +213,9 @@ class _Connection(asyncio.Protocol):
             self.waiter = None
 
 
-class Response:
-    """A response whose head has arrived; its body is read with :meth:`chunks`."""
+class Response(abc.ABC):
+    """A response whose head has arrived; its body is read with :meth:`chunks`. Read from the
+    engine directly, or through httpx when a proxy stands between (the two subclasses)."""
 
     url: str
     status: int
@@ -226,17 +228,17 @@ class Response:
                 return v.decode("latin-1")
         return None
 
+    @abc.abstractmethod
     def chunks(self) -> AsyncIterator[bytes]:
         """The body's bytes as they arrive (chunked encoding already removed)."""
-        raise NotImplementedError
 
     async def read(self) -> bytes:
         return b"".join([chunk async for chunk in self.chunks()])
 
+    @abc.abstractmethod
     def close(self) -> None:
         """Stop reading: a response not read to its end takes its connection with it, so the
         engine sees the client leave. Safe from any task, and more than once."""
-        raise NotImplementedError
 
 
 class _DirectResponse(Response):
