@@ -68,3 +68,30 @@ def drop_database(url: str) -> None:
             await conn.close()
 
     asyncio.run(go())
+
+
+# Children before parents; the tables with a serial id restart it, as a fresh database would.
+_EMPTIED = ("events", "facts", "checkpoints", "steps", "runs", "flows", "key_usage", "api_keys")
+_SERIAL = ("events", "facts")
+
+
+async def empty(url: str) -> None:
+    """Every row gone and the serial ids restarted: what a test leaves behind is not seen by
+    the next. DELETE, not TRUNCATE: on a handful of rows it takes a few milliseconds where
+    TRUNCATE's new files take about 70."""
+    conn = await asyncpg.connect(_dsn(url))
+    try:
+        async with conn.transaction():
+            for table in _EMPTIED:
+                await conn.execute(f"DELETE FROM {table}")
+            for table in _SERIAL:
+                await conn.execute(
+                    f"SELECT setval(pg_get_serial_sequence('{table}', 'id'), 1, false)"
+                )
+    finally:
+        await conn.close()
+
+
+def empty_database(url: str) -> None:
+    """:func:`empty`, from outside an event loop."""
+    asyncio.run(empty(url))

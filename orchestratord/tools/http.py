@@ -38,16 +38,26 @@ _ERROR_EXCERPT_BYTES = 512
 class HttpToolExecutor:
     def __init__(self, settings: HttpToolSettings) -> None:
         self.settings = settings
-        self.client = httpx.AsyncClient(
-            limits=httpx.Limits(
-                max_connections=settings.max_connections,
-                max_keepalive_connections=settings.max_connections,
-            ),
-            headers={"content-type": "application/json", "accept": "application/json"},
-        )
+        self._client: httpx.AsyncClient | None = None
+
+    @property
+    def client(self) -> httpx.AsyncClient:
+        """Made at the first call: its TLS context reads the CA bundle (about 50 ms), which
+        a server whose flows call no HTTP tool never needs."""
+        if self._client is None:
+            self._client = httpx.AsyncClient(
+                limits=httpx.Limits(
+                    max_connections=self.settings.max_connections,
+                    max_keepalive_connections=self.settings.max_connections,
+                ),
+                headers={"content-type": "application/json", "accept": "application/json"},
+            )
+        return self._client
 
     async def aclose(self) -> None:
-        await self.client.aclose()
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
 
     async def post(
         self,

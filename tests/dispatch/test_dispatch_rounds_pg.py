@@ -12,15 +12,14 @@ from typing import Any
 
 import httpx
 import pytest
-import sqlalchemy as sa
 
 from orchestratord import dispatcher
 from orchestratord.api.app import create_app
-from orchestratord.db.engine import Database
 from orchestratord.runtime import Orchestrator
 from orchestratord.steps.queries import claim_queued, queued_lanes
-from tests.conftest import TABLES, make_settings
+from tests.conftest import make_settings
 from tests.helpers import DispatcherWake, dispatcher_settled, make_run, submit, wait_status
+from tests.pg import empty
 
 pytestmark = pytest.mark.postgres
 
@@ -52,16 +51,9 @@ def looks(monkeypatch: pytest.MonkeyPatch) -> list[set[str | None]]:
     return seen
 
 
-async def _truncate(url: str) -> None:
-    db = Database(url)
-    async with db.engine.begin() as conn:
-        await conn.execute(sa.text(f"TRUNCATE {', '.join(TABLES)} RESTART IDENTITY CASCADE"))
-    await db.dispose()
-
-
 @pytest.fixture
 async def service(pg_url: str) -> AsyncIterator[tuple[Orchestrator, httpx.AsyncClient]]:
-    await _truncate(pg_url)
+    await empty(pg_url)
     orch = Orchestrator(make_settings(pg_url, dispatch={"poll_s": 60.0}, health_interval_s=3600.0))
     orch.dispatcher._wake = DispatcherWake()  # before its loop waits on it
     await orch.start()
@@ -71,7 +63,7 @@ async def service(pg_url: str) -> AsyncIterator[tuple[Orchestrator, httpx.AsyncC
             yield orch, c
     finally:
         await orch.stop()
-        await _truncate(pg_url)
+        await empty(pg_url)
 
 
 async def test_steps_that_end_leave_no_claim_round_within_poll_s(
@@ -109,7 +101,7 @@ async def _step_queued_by_another_process(
 ) -> AsyncIterator[tuple[Orchestrator, httpx.AsyncClient, str, dict[str, Any]]]:
     """Processes A and B on one database; B drains (queues what it is given) and has queued a
     step of a run: A, its client, the run and the step as B answered."""
-    await _truncate(pg_url)
+    await empty(pg_url)
     settings = {"dispatch": {"poll_s": poll_s}, "health_interval_s": 3600.0}
     a = Orchestrator(make_settings(pg_url, **settings))
     b = Orchestrator(make_settings(pg_url, **settings))
@@ -130,7 +122,7 @@ async def _step_queued_by_another_process(
     finally:
         await b.stop()
         await a.stop()
-        await _truncate(pg_url)
+        await empty(pg_url)
 
 
 async def test_a_busy_process_claims_a_step_another_process_queued(pg_url: str) -> None:

@@ -9,12 +9,10 @@ from pathlib import Path
 import asyncpg
 import httpx
 import pytest
-import sqlalchemy as sa
 
-from orchestratord.db.engine import Database
 from orchestratord.eventlog import WAKE_CHANNEL
 from orchestratord.streams.wakeups import asyncpg_dsn
-from tests.conftest import TABLES
+from tests.pg import empty_database
 from tests.procs import orchestratord
 
 pytestmark = pytest.mark.slow
@@ -23,14 +21,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture
 def shared_pg(pg_url: str) -> Iterator[str]:
     yield pg_url
-
-    async def truncate() -> None:
-        db = Database(pg_url)
-        async with db.engine.begin() as conn:
-            await conn.execute(sa.text(f"TRUNCATE {', '.join(TABLES)} RESTART IDENTITY CASCADE"))
-        await db.dispose()
-
-    asyncio.run(truncate())
+    empty_database(pg_url)
 
 
 def test_500_steps_two_processes_never_overspend(shared_pg: str, tmp_path: Path) -> None:
