@@ -12,6 +12,7 @@ from typing import Any
 
 import httpx
 import pytest
+import pytest_asyncio
 
 from orchestrator_core import clock
 from orchestratord.api.app import create_app
@@ -66,6 +67,36 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     url: str = request.getfixturevalue("pg_url")
     yield url
     empty_database(url)
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def module_db_url(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
+    """One database per test module and backend, for tests that add rows of their own and
+    read only those (a module of refused inputs, say): no setup per test."""
+    if request.param == "sqlite":
+        target = tmp_path_factory.mktemp("module") / "orch.db"
+        shutil.copyfile(request.getfixturevalue("sqlite_template"), target)
+        yield f"sqlite:///{target}"
+        return
+    url: str = request.getfixturevalue("pg_url")
+    yield url
+    empty_database(url)
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def module_client(module_db_url: str) -> AsyncIterator[httpx.AsyncClient]:
+    """An in-process client of one Orchestrator per module and backend; the module's tests
+    run in the module's event loop (``pytest.mark.asyncio(loop_scope="module")``)."""
+    orch = Orchestrator(make_settings(module_db_url))
+    await orch.start()
+    try:
+        transport = httpx.ASGITransport(app=create_app(orchestrator=orch))
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as c:
+            yield c
+    finally:
+        await orch.stop()
 
 
 def make_settings(db_url: str, **overrides: Any) -> Settings:

@@ -16,6 +16,16 @@ import pytest
 
 from tests.helpers import make_flow, make_run, parse_sse, submit, wait_status
 
+# One server per backend for the whole module: every test adds its own flow, run, step, fact
+# and checkpoint, sends its bad input, and reads back what it added (and the run takes a step).
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+
+@pytest.fixture(scope="module")
+def client(module_client: httpx.AsyncClient) -> httpx.AsyncClient:
+    return module_client
+
+
 MAX_INT = 2**53 - 1  # the largest integer the API takes (counts, sizes, durations, cursors)
 MAX_DEPTH = 64  # the deepest a JSON value in a request may nest
 MAX_COST_USD = 1e9
