@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import importlib
+import os
 from pathlib import Path
 from typing import Any
 
@@ -221,3 +222,40 @@ def test_the_model_opens_in_the_plain_cpu_layout(gguf: Path) -> None:
         llm.eval(llm.tokenize(b"Once upon a time"))  # the first product: where AMX crashed
     finally:
         llm.close()
+
+
+@pytest.mark.parametrize(
+    ("given", "decode", "prompt"),
+    [
+        ({}, max((os.cpu_count() or 2) // 2, 1), max((os.cpu_count() or 2) // 2, 1)),
+        ({"n_threads": 2}, 2, 2),
+        ({"n_threads": 1, "n_threads_batch": 2}, 1, 2),
+    ],
+)
+def test_the_prompt_is_read_with_the_decode_threads_unless_told(
+    gguf: Path, given: dict[str, int], decode: int, prompt: int
+) -> None:
+    """llama-cpp-python reads a prompt with every core by default, its threads spinning
+    while they wait for a core the rest of the machine holds: the engine's default is
+    llama.cpp's own, as many threads as decode."""
+    from worker_adapters.llama import open_model
+
+    llm = open_model(gguf, n_ctx=64, verbose=False, **given)
+    try:
+        assert (llm.context_params.n_threads, llm.context_params.n_threads_batch) == (
+            decode,
+            prompt,
+        )
+    finally:
+        llm.close()
+
+
+@pytest.mark.parametrize("field", ["n_threads", "n_threads_batch"])
+def test_thread_counts_below_one_are_refused(field: str) -> None:
+    from pydantic import ValidationError
+
+    from worker_adapters.registry import variant
+
+    with pytest.raises(ValidationError) as caught:
+        variant("llama").parse_options({field: 0})
+    assert [e["loc"] for e in caught.value.errors()] == [(field,)]
