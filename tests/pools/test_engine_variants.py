@@ -229,7 +229,12 @@ pools:
     specs = load_pools_file(path)
     assert [s.engine for s in specs] == ["openai", "llama", "kakeya", "salience", "uma", "sim"]
     llama = variant("llama").parse_options(specs[1].replicas[0].options)
-    assert llama.model_dump() == {"model_path": None, "n_ctx": 4096, "n_threads": 2}
+    assert llama.model_dump() == {
+        "model_path": None,
+        "n_ctx": 4096,
+        "n_threads": 2,
+        "n_threads_batch": None,
+    }
 
 
 @pytest.mark.parametrize(
