@@ -132,6 +132,7 @@ class SalienceAdapter(GrpcSessionAdapter):
         ranges = (
             [pb.PositionRange(start=end, end=end + request.max_tokens)] if request.logprobs else []
         )
+        greedy = request.temperature == 0
         return pb.GenerateRequest(
             session_id=session.session_id,
             append_tokens=plan.append,
@@ -140,9 +141,10 @@ class SalienceAdapter(GrpcSessionAdapter):
             max_tokens=request.max_tokens,
             logprobs_ranges=ranges,
             logprob_top_k=self._top_logprobs if request.logprobs else 0,
-            temperature=request.temperature,
+            # the proto reads a temperature of 0 as 1.0: greedy is sent as top_k 1
+            temperature=1.0 if greedy else request.temperature,
             top_p=request.top_p,
-            top_k=request.top_k,
+            top_k=1 if greedy else request.top_k,
             stop_token_ids=self._stops,
         )
 

@@ -6,13 +6,14 @@ import asyncio
 import importlib.util
 import math
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 import grpc  # type: ignore[import-untyped]
 import pytest
 
 from contracts.protos import load
-from test_harness.kakeya_runtime import LlamaTokenEngine, RunningRuntime
+from test_harness.kakeya_runtime import LlamaTokenEngine, RunningRuntime, Sampling, SimTokenEngine
 from test_harness.salience_runtime import serve_salience
 from tests.adapters.conftest import ManualClock
 from worker_adapters import AdapterError, EngineFailure, EngineUnavailable, GenerationRequest, Token
@@ -318,3 +319,52 @@ async def test_real_model_logprobs() -> None:
             assert token.logprob <= 0 and len(token.alternatives) == 2
             assert token.alternatives[0].logprob >= token.alternatives[1].logprob
         await adapter.aclose()
+
+
+@dataclass
+class RecordingEngine:
+    """The sim engine, keeping the sampling each generation asked for."""
+
+    inner: SimTokenEngine = field(default_factory=SimTokenEngine)
+    asked: list[Sampling] = field(default_factory=list)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def run(self, tokens: list[int], sampling: Sampling) -> Any:
+        self.asked.append(sampling)
+        return self.inner.run(tokens, sampling)
+
+
+@pytest.mark.parametrize(
+    ("temperature", "top_k", "sent"),
+    [(0.0, 0, (1.0, 1)), (0.0, 40, (1.0, 1)), (0.7, 0, (0.7, 0)), (1.3, 5, (1.3, 5))],
+)
+async def test_greedy_is_sent_as_top_k_one(
+    temperature: float, top_k: int, sent: tuple[float, int]
+) -> None:
+    """The proto reads a temperature of 0 as 1.0: a greedy step sent as such sampled at T=1."""
+    engine = RecordingEngine()
+    async with serve_salience(engine=cast(Any, engine)) as rt:
+        adapter = make_adapter(rt)
+        await run(adapter, req(temperature=temperature, top_k=top_k))
+        await adapter.aclose()
+    [asked] = engine.asked
+    assert (round(asked.temperature, 3), asked.top_k) == sent
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    importlib.util.find_spec("llama_cpp") is None, reason="llama_cpp is not installed"
+)
+async def test_real_model_greedy_is_the_argmax() -> None:
+    engine = LlamaTokenEngine(context_size=128)
+    prompt = "Once upon a time, in a land far away,"
+    async with serve_salience(engine=engine, model="gemma") as rt:
+        adapter = make_adapter(rt, LlamaTokenizer(), model="gemma")
+        tokens, _ = await run(adapter, req(prompt, max_tokens=8, temperature=0.0))
+        await adapter.aclose()
+    ids = LlamaTokenizer().encode(prompt)
+    async with engine.run(ids, Sampling(seed=0, temperature=0.0)) as direct:
+        argmax = [t async for t in direct.decode(8)]
+    assert [t.token_id for t in tokens] == argmax[: len(tokens)] and tokens
