@@ -1,8 +1,8 @@
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator
 
 from contracts.bounds import MAX_COST_USD, MAX_JSON_DEPTH, Count, check_storable
 
@@ -42,7 +42,35 @@ class AffinityPlacement(Strict):
     affinity: dict[str, str]
 
 
-Placement = Literal["auto"] | PinPlacement | AffinityPlacement
+PLACEMENT_FORMS = '"auto", {"pin": pool_id} or {"affinity": {tag: value}}'
+
+
+def _placement_form(value: Any) -> str | None:
+    """Which form a placement is written in, told by its shape: errors then name only that
+    form's fields (``placement.pin``), and a value in none of the forms gets one error
+    saying what the field accepts."""
+    if isinstance(value, PinPlacement | AffinityPlacement):
+        return "pin" if isinstance(value, PinPlacement) else "affinity"
+    if value == "auto":
+        return "auto"
+    if isinstance(value, dict):
+        for form in ("pin", "affinity"):
+            if form in value:
+                return form
+    return None
+
+
+Placement = Annotated[
+    Annotated[Literal["auto"], Tag("auto")]
+    | Annotated[PinPlacement, Tag("pin")]
+    | Annotated[AffinityPlacement, Tag("affinity")],
+    Discriminator(
+        _placement_form,
+        custom_error_type="placement_form",
+        custom_error_message=f"must be {PLACEMENT_FORMS}",
+    ),
+]
+PLACEMENT_TAGS = frozenset({"auto", "pin", "affinity"})
 
 
 def placement_to_json(value: Placement | None) -> Any:

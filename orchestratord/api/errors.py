@@ -9,6 +9,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from contracts.bounds import UNSTORABLE
+from contracts.common import PLACEMENT_TAGS
 from contracts.steps import STEP_TYPES
 from orchestrator_core import errors as E
 from orchestrator_core.admission import AdmissionReject, QueueFullDropLru
@@ -59,6 +60,7 @@ REFUSALS = (
     E.Forbidden,
 )
 _TAG_ERRORS = frozenset({"union_tag_invalid", "union_tag_not_found"})
+_PLACEMENT_FIELDS = frozenset({"placement", "pool_policy"})
 _HTTP_CODES = {404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED", 400: "INVALID_PARAMS"}
 
 
@@ -93,6 +95,10 @@ def _field(loc: tuple[Any, ...], error_type: str = "") -> str:
     if len(loc) > 1 and loc[0] == "body" and loc[1] in STEP_TYPES:
         # a union discriminated on ``type`` puts the tag in the path: body.llm_call.input
         loc = (loc[0], *loc[2:])
+    for at in range(len(loc) - 2):  # and a placement's form: placement.pin.pin
+        if loc[at] in _PLACEMENT_FIELDS and loc[at + 1] in PLACEMENT_TAGS:
+            loc = (*loc[: at + 1], *loc[at + 2 :])
+            break
     parts = [str(p) for p in loc]
     if parts and parts[0] in ("body", "query", "path", "header"):
         head, rest = parts[0], parts[1:]

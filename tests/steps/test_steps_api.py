@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+from typing import Any
 
 import httpx
 import pytest
@@ -256,3 +257,33 @@ async def test_unknown_step_and_run(client: httpx.AsyncClient) -> None:
     assert (await client.post("/v1/steps/step_x/cancel")).status_code == 404
     r = await submit(client, "run_missing")
     assert r.status_code == 404
+
+
+@pytest.mark.parametrize(
+    ("placement", "field", "message"),
+    [
+        ("nearest", "placement", 'must be "auto", {"pin": pool_id} or {"affinity": {tag: value}}'),
+        ({"pool": "a"}, "placement", 'must be "auto", {"pin": pool_id} or {"affinity":'),
+        (7, "placement", "must be"),
+        ({"pin": 5}, "placement.pin", "valid string"),
+        ({"pin": ""}, "placement.pin", "at least 1 character"),
+        ({"pin": "a", "x": 1}, "placement.x", "Extra inputs"),
+        ({"affinity": {"gpu": 1}}, "placement.affinity.gpu", "valid string"),
+    ],
+)
+async def test_a_malformed_placement_is_refused_once_naming_what_it_accepts(
+    client: httpx.AsyncClient, placement: Any, field: str, message: str
+) -> None:
+    """One error per bad placement, at the field of the form it is written in (not one per
+    form pydantic tried: ``placement.literal['auto']``, ``placement.PinPlacement.pin``)."""
+    run_id = await make_run(client)
+    body = {"type": "llm_call", "client_token": "p", "input": {"prompt": "a"}}
+    r = await client.post(f"/v1/runs/{run_id}/steps", json={**body, "placement": placement})
+    assert r.status_code == 422, r.text
+    [error] = r.json()["details"]["errors"]
+    assert error["field"] == field and message in error["message"], error
+    flow_id = (await client.get(f"/v1/runs/{run_id}")).json()["flow_id"]
+    r = await client.post(f"/v1/flows/{flow_id}/runs", json={"pool_policy": placement})
+    assert r.status_code == 422, r.text
+    [error] = r.json()["details"]["errors"]
+    assert error["field"] == field.replace("placement", "pool_policy", 1), error
