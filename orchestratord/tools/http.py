@@ -9,7 +9,9 @@ made only for tools marked idempotent, and only for failures a retry can fix.
 from __future__ import annotations
 
 import asyncio
+import functools
 import random
+import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -35,29 +37,27 @@ _BACKOFF_CAP_S = 5.0
 _ERROR_EXCERPT_BYTES = 512
 
 
+@functools.cache
+def _tls() -> ssl.SSLContext:
+    """httpx's default TLS context (the CA bundle, SSL_CERT_FILE/DIR honoured), made once per
+    process: reading the bundle costs about 50 ms, which each executor paid at its start."""
+    return httpx.create_ssl_context()
+
+
 class HttpToolExecutor:
     def __init__(self, settings: HttpToolSettings) -> None:
         self.settings = settings
-        self._client: httpx.AsyncClient | None = None
-
-    @property
-    def client(self) -> httpx.AsyncClient:
-        """Made at the first call: its TLS context reads the CA bundle (about 50 ms), which
-        a server whose flows call no HTTP tool never needs."""
-        if self._client is None:
-            self._client = httpx.AsyncClient(
-                limits=httpx.Limits(
-                    max_connections=self.settings.max_connections,
-                    max_keepalive_connections=self.settings.max_connections,
-                ),
-                headers={"content-type": "application/json", "accept": "application/json"},
-            )
-        return self._client
+        self.client = httpx.AsyncClient(
+            verify=_tls(),
+            limits=httpx.Limits(
+                max_connections=settings.max_connections,
+                max_keepalive_connections=settings.max_connections,
+            ),
+            headers={"content-type": "application/json", "accept": "application/json"},
+        )
 
     async def aclose(self) -> None:
-        if self._client is not None:
-            await self._client.aclose()
-            self._client = None
+        await self.client.aclose()
 
     async def post(
         self,
