@@ -3,6 +3,11 @@
 Deterministic: among eligible ready pools, the one with most free slots wins and ties go to
 the smallest pool id, so one view of the pools always gives one answer. A pin is honored
 even when its pool is busy: the step waits in that pool's queue.
+
+Eligible pools serve what the step asks for (:class:`Needs`): the model it names, and each
+feature its parameters need (``logprobs``, ``json_schema``). A pool whose engine has not
+said what it serves (it has not answered yet) is not ruled out for it. A step no pool can
+serve is bad input naming the field that asks, and what the pools serve instead.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from orchestrator_core.errors import InvalidParams, PoolUnavailable
+from orchestrator_core.generation import LlmInput
 
 
 @dataclass(frozen=True)
@@ -20,6 +26,48 @@ class PoolView:
     tags: Mapping[str, str]
     ready: bool
     free_slots: int
+    models: frozenset[str] = frozenset()  # empty: not known yet
+    features: frozenset[str] | None = None  # None: not known yet
+
+
+@dataclass(frozen=True)
+class Needs:
+    """What a step asks of the engine that runs it, each with the request field asking."""
+
+    model: tuple[str, str] | None = None  # (model, field)
+    features: tuple[tuple[str, str], ...] = ()  # ((feature, field), ...)
+
+    @classmethod
+    def of(cls, llm: LlmInput | None) -> Needs:
+        if llm is None:
+            return cls()
+        params = llm.params
+        features = [("logprobs", "input.params.logprobs")] if params.logprobs else []
+        if params.json_schema is not None:
+            features.append(("json_schema", "input.params.json_schema"))
+        model = (llm.model, "input.model") if llm.model else None
+        return cls(model=model, features=tuple(features))
+
+
+def serving(pools: Sequence[PoolView], needs: Needs) -> list[PoolView]:
+    """The pools that serve what the step asks for; none is bad input naming the field."""
+    left = list(pools)
+    if needs.model is not None:
+        model, field = needs.model
+        serves = [p for p in left if not p.models or model in p.models]
+        if not serves:
+            served = ", ".join(f"{m} ({p.pool_id})" for p in left for m in sorted(p.models))
+            raise InvalidParams(f"no pool serves model {model!r} (served: {served})", field=field)
+        left = serves
+    for feature, field in needs.features:
+        offer = [p for p in left if p.features is None or feature in p.features]
+        if not offer:
+            among = ", ".join(sorted(p.pool_id for p in left))
+            raise InvalidParams(
+                f"no pool that may take this step offers {feature} ({among})", field=field
+            )
+        left = offer
+    return left
 
 
 def eligible_pools(placement: Any, pools: Sequence[PoolView], *, field: str) -> list[PoolView]:
@@ -46,8 +94,10 @@ def validate_placement(placement: Any, pools: Sequence[PoolView], *, field: str)
     eligible_pools(placement, pools, field=field)
 
 
-def choose_pool(placement: Any, pools: Sequence[PoolView], *, field: str) -> str:
-    eligible = eligible_pools(placement, pools, field=field)
+def choose_pool(
+    placement: Any, pools: Sequence[PoolView], *, field: str, needs: Needs = Needs()
+) -> str:
+    eligible = serving(eligible_pools(placement, pools, field=field), needs)
     if len(eligible) == 1 and isinstance(placement, dict) and "pin" in placement:
         return eligible[0].pool_id
     ready = [p for p in eligible if p.ready]

@@ -80,9 +80,13 @@ def module_db_url(
         shutil.copyfile(request.getfixturevalue("sqlite_template"), target)
         yield f"sqlite:///{target}"
         return
-    url: str = request.getfixturevalue("pg_url")
+    # A database of its own, not the worker's: were the module's server still up when
+    # another module's test runs (pytest-xdist may hand a module's last tests to another
+    # worker), it would claim that test's steps.
+    require_postgres()
+    url = create_database()
     yield url
-    empty_database(url)
+    drop_database(url)
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")

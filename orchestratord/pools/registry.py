@@ -62,6 +62,22 @@ class Pool:
         return any(r.adapter.session_bound for r in self.replicas)
 
     @property
+    def models(self) -> frozenset[str]:
+        """The models its replicas serve, as configured and as their engines report them."""
+        named = {r.model for r in self.replicas} | {
+            r.capabilities.get("model") for r in self.replicas
+        }
+        return frozenset(str(m) for m in named if m)
+
+    @property
+    def features(self) -> frozenset[str] | None:
+        """What every replica that reported its capabilities offers; None before any did."""
+        told = [
+            frozenset(r.capabilities.get("features") or ()) for r in self.replicas if r.capabilities
+        ]
+        return frozenset.intersection(*told) if told else None
+
+    @property
     def model_name(self) -> str:
         """The model the pool serves, as its engine reports it (what prices are keyed by)."""
         return str(self.capabilities.get("model") or self.replicas[0].model or self.engine)
@@ -152,7 +168,14 @@ class PoolRegistry:
 
     def views(self) -> list[PoolView]:
         return [
-            PoolView(pool_id=p.pool_id, tags=p.tags, ready=p.ready, free_slots=p.free_slots)
+            PoolView(
+                pool_id=p.pool_id,
+                tags=p.tags,
+                ready=p.ready,
+                free_slots=p.free_slots,
+                models=p.models,
+                features=p.features,
+            )
             for p in self.pools.values()
         ]
 

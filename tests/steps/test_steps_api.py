@@ -287,3 +287,27 @@ async def test_a_malformed_placement_is_refused_once_naming_what_it_accepts(
     assert r.status_code == 422, r.text
     [error] = r.json()["details"]["errors"]
     assert error["field"] == field.replace("placement", "pool_policy", 1), error
+
+
+@pytest.mark.parametrize(
+    ("asked", "field", "said"),
+    [
+        ({"model": "gpt-4o"}, "input.model", "no pool serves model 'gpt-4o' (served: sim-1"),
+        ({"params": {"logprobs": True}}, "input.params.logprobs", "offers logprobs"),
+    ],
+)
+async def test_a_step_no_pool_serves_is_refused_naming_what_it_asks(
+    client: httpx.AsyncClient, asked: dict[str, Any], field: str, said: str
+) -> None:
+    run_id = await make_run(client)
+    body = {"type": "llm_call", "client_token": "x", "input": {"prompt": "a", **asked}}
+    r = await client.post(f"/v1/runs/{run_id}/steps", json=body)
+    assert r.status_code == 422, r.text
+    [error] = r.json()["details"]["errors"]
+    assert error["field"] == field and said in error["message"], error
+    assert (await client.get(f"/v1/runs/{run_id}/steps")).json() == []
+    # what the pool serves is taken
+    body = {"type": "llm_call", "client_token": "y", "input": {"prompt": "a", "model": "sim-1"}}
+    r = await client.post(f"/v1/runs/{run_id}/steps", json=body)
+    assert r.status_code == 202, r.text
+    assert (await wait_status(client, r.json()["step_id"], "succeeded"))["pool_id"] == "local"

@@ -20,7 +20,7 @@ from orchestrator_core.admission import PRIORITY_RANK, admit
 from orchestrator_core.canonical import sha256_of
 from orchestrator_core.errors import NotFound, PoolUnavailable, TooLarge
 from orchestrator_core.lifecycle import RunStatus, StepStatus, check_run_accepts_steps
-from orchestrator_core.placement import choose_pool
+from orchestrator_core.placement import Needs, choose_pool
 from orchestrator_core.policy import Decision, PolicyDenied, PolicySubject, redact_json
 from orchestratord import tracing
 from orchestratord.db.models import Flow, Run
@@ -117,6 +117,7 @@ class Place:
                     effective,
                     sub.ctx.pools.views(),
                     field="placement" if sub.placement else "pool_policy",
+                    needs=Needs.of(sub.kind.llm_input(sub.stored)),
                 )
             return None
         if run.mode == "strict_replay" and not sub.sqlite:
