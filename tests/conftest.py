@@ -21,6 +21,7 @@ from orchestratord.db.migrate import upgrade
 from orchestratord.runtime import Orchestrator
 from orchestratord.settings import Settings
 from test_harness.servers import serve_app
+from tests.helpers import started_client
 from tests.pg import create_database, drop_database, empty_database, require_postgres
 
 BACKENDS = ["sqlite", "postgresql"]
@@ -94,13 +95,8 @@ async def module_client(module_db_url: str) -> AsyncIterator[httpx.AsyncClient]:
     """An in-process client of one Orchestrator per module and backend; the module's tests
     run in the module's event loop (``pytest.mark.asyncio(loop_scope="module")``)."""
     orch = Orchestrator(make_settings(module_db_url))
-    await orch.start()
-    try:
-        transport = httpx.ASGITransport(app=create_app(orchestrator=orch))
-        async with httpx.AsyncClient(transport=transport, base_url="http://test") as c:
-            yield c
-    finally:
-        await orch.stop()
+    async with started_client(orch, "http://test") as c:
+        yield c
 
 
 def make_settings(db_url: str, **overrides: Any) -> Settings:

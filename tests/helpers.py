@@ -3,15 +3,35 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import httpx
 import orjson
 import pytest
 from sqlalchemy import event
+
+if TYPE_CHECKING:
+    from orchestratord.runtime import Orchestrator
+
+
+@asynccontextmanager
+async def started_client(
+    orch: Orchestrator, base_url: str = "http://test"
+) -> AsyncIterator[httpx.AsyncClient]:
+    """``orch`` started, and an in-process client of its app (responses are buffered: a
+    stream is read whole); ``orch`` is stopped after."""
+    from orchestratord.api.app import create_app
+
+    await orch.start()
+    try:
+        transport = httpx.ASGITransport(app=create_app(orchestrator=orch))
+        async with httpx.AsyncClient(transport=transport, base_url=base_url) as client:
+            yield client
+    finally:
+        await orch.stop()
 
 
 async def make_flow(client: httpx.AsyncClient, ast: Any = None, **extra: Any) -> str:

@@ -12,7 +12,7 @@ import pytest
 from orchestratord.api.app import create_app
 from orchestratord.runtime import Orchestrator
 from tests.conftest import make_settings
-from tests.helpers import make_run, read_stream, wait_status
+from tests.helpers import make_run, read_stream, started_client, wait_status
 
 
 async def _client(db_url: str, **admission: Any) -> AsyncIterator[httpx.AsyncClient]:
@@ -22,13 +22,8 @@ async def _client(db_url: str, **admission: Any) -> AsyncIterator[httpx.AsyncCli
         admission={"interactive_capacity": 2, "batch_capacity": 2, **admission},
     )
     orch = Orchestrator(settings)
-    await orch.start()
-    try:
-        transport = httpx.ASGITransport(app=create_app(orchestrator=orch))
-        async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
-            yield c
-    finally:
-        await orch.stop()
+    async with started_client(orch, "http://t") as c:
+        yield c
 
 
 @pytest.fixture

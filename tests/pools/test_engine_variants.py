@@ -13,12 +13,11 @@ import httpx
 import pytest
 from pydantic import ValidationError
 
-from orchestratord.api.app import create_app
 from orchestratord.cli import build_parser
 from orchestratord.pools.config import PoolConfigError, PoolSpec, ReplicaSpec, load_pools_file
 from orchestratord.runtime import Orchestrator
 from tests.conftest import make_settings
-from tests.helpers import make_run, read_stream, submit
+from tests.helpers import make_run, read_stream, started_client, submit
 from worker_adapters.registry import ENGINES, variant
 
 ECHO_POOL = """\
@@ -44,13 +43,8 @@ async def serving(tmp_path: Path, pools_yaml: str) -> AsyncIterator[httpx.AsyncC
     path.write_text(pools_yaml)
     settings = make_settings(f"sqlite:///{tmp_path / 'o.db'}", pools_file=path)
     orch = Orchestrator(settings)
-    await orch.start()
-    try:
-        transport = httpx.ASGITransport(app=create_app(orchestrator=orch))
-        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
-            yield client
-    finally:
-        await orch.stop()
+    async with started_client(orch, "http://t") as client:
+        yield client
 
 
 async def test_a_new_engine_is_one_module_and_one_registration_line(

@@ -21,7 +21,7 @@ from test_harness.kakeya_runtime import SimTokenEngine, serve_kakeya
 from test_harness.salience_runtime import serve_salience
 from test_harness.uma_runtime import serve_uma
 from tests.conftest import make_settings
-from tests.helpers import make_run, read_stream, submit, wait_status
+from tests.helpers import make_run, read_stream, started_client, submit, wait_status
 
 ENGINES = ["kakeya", "salience", "uma"]
 # the raw-token engines tokenize here, with the sim's vocabulary (UMA tokenizes itself)
@@ -59,13 +59,8 @@ async def client(
         )
         spec = PoolSpec(pool_id="p", engine=engine, replicas=[replica])
         orch = Orchestrator(settings, pools=build_registry([spec], settings))
-        await orch.start()
-        try:
-            transport = httpx.ASGITransport(app=create_app(orchestrator=orch))
-            async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
-                yield c
-        finally:
-            await orch.stop()
+        async with started_client(orch, "http://t") as c:
+            yield c
 
 
 async def test_a_step_runs_on_the_engine_and_streams_its_tokens(
@@ -256,13 +251,8 @@ async def served_pool(
     )
     settings = make_settings(f"sqlite:///{tmp_path / 'o.db'}", pools_file=pools)
     orch = Orchestrator(settings)
-    await orch.start()
-    try:
-        transport = httpx.ASGITransport(app=create_app(orchestrator=orch))
-        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
-            yield client
-    finally:
-        await orch.stop()
+    async with started_client(orch, "http://t") as client:
+        yield client
 
 
 @pytest.mark.parametrize("engine", ["kakeya", "salience"])
