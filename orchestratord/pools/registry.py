@@ -147,6 +147,11 @@ class Pool:
             ],
         )
 
+    def placement_view(self) -> PoolView:
+        """What placement reads of the pool (orchestrator_core.placement)."""
+        fields = (self.tags, self.ready, self.free_slots, self.models, self.features)
+        return PoolView(self.pool_id, *fields)
+
     def load(self) -> dict[str, int]:
         busy = sum(r.busy for r in self.replicas)
         total = sum(r.slots for r in self.replicas)
@@ -167,17 +172,7 @@ class PoolRegistry:
         return pool
 
     def views(self) -> list[PoolView]:
-        return [
-            PoolView(
-                pool_id=p.pool_id,
-                tags=p.tags,
-                ready=p.ready,
-                free_slots=p.free_slots,
-                models=p.models,
-                features=p.features,
-            )
-            for p in self.pools.values()
-        ]
+        return [p.placement_view() for p in self.pools.values()]
 
     async def refresh(self) -> None:
         """Ask every replica for health, and every pool for its capabilities."""
