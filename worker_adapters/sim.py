@@ -18,7 +18,7 @@ import hashlib
 import json
 import random
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -48,6 +48,34 @@ VOCAB: tuple[str, ...] = tuple(w + " " for w in _WORDS)
 _PIECE = re.compile(r"\S+\s*|\s+")
 # Yield to the event loop this often when streaming as fast as possible.
 _FAST_YIELD_EVERY = 16
+
+
+async def _through_stops(
+    request: GenerationRequest, source: AsyncIterator[Token | str]
+) -> AsyncIterator[AdapterEvent]:
+    """``source``'s tokens cut at the request's stop strings, then the :class:`Finish`. The
+    source ends with why it ended (``"eos"``, ``"length"``); one that ends without saying
+    was cancelled, and the stream just ends."""
+    matcher = StopMatcher(request.stop)
+    sent = 0
+    stop_reason: str | None = None
+    async for item in source:
+        if isinstance(item, str):
+            stop_reason = item
+            break
+        for tok in matcher.push(item):
+            sent += 1
+            yield tok
+        if matcher.stopped:
+            stop_reason = "stop"
+            break
+    if stop_reason is None:
+        return
+    for tok in matcher.flush():
+        sent += 1
+        yield tok
+    tokens_in = sim_token_count(request.rendered_prompt())
+    yield Finish(stop_reason=stop_reason, tokens_in=tokens_in, tokens_out=sent)
 
 
 def sim_token_count(text: str) -> int:
@@ -125,52 +153,48 @@ class SimAdapter(WorkerAdapter):
         rid = request.request_id
         self._active.add(rid)
         try:
-            if request.json_schema is not None:
-                async for event in self._stream_json(request):
+            drawn = self._json_tokens if request.json_schema is not None else self._vocab_tokens
+            source = drawn(request)
+            try:
+                async for event in _through_stops(request, source):
                     yield event
-                return
-            rng = self._rng(request)
-            tokens_in = sim_token_count(request.rendered_prompt())
-            interval = 1.0 / self.tokens_per_s if self.tokens_per_s > 0 else 0.0
-            loop = asyncio.get_running_loop()
-            start = loop.time()
-            matcher = StopMatcher(request.stop)
-            generated = 0
-            sent = 0
-            stop_reason = "length"
-            while generated < request.max_tokens:
-                if rid in self._cancelled:
-                    return
-                if interval:
-                    delay = start + (generated + 1) * interval - loop.time()
-                    # behind schedule (the loop was busy), still yield: timers such as a
-                    # step's deadline must get their turn between paced tokens
-                    await asyncio.sleep(max(delay, 0))
-                    if rid in self._cancelled:
-                        return
-                elif generated % _FAST_YIELD_EVERY == 0:
-                    await asyncio.sleep(0)
-                if generated > 0 and rng.random() < self.eos_probability:
-                    stop_reason = "eos"
-                    break
-                token_id = rng.randrange(len(VOCAB))
-                generated += 1
-                for tok in matcher.push(Token(text=VOCAB[token_id], token_id=token_id)):
-                    sent += 1
-                    yield tok
-                if matcher.stopped:
-                    stop_reason = "stop"
-                    break
-            for tok in matcher.flush():
-                sent += 1
-                yield tok
-            yield Finish(stop_reason=stop_reason, tokens_in=tokens_in, tokens_out=sent)
+            finally:
+                await source.aclose()
         finally:
             self._active.discard(rid)
             self._cancelled.discard(rid)
 
-    async def _stream_json(self, request: GenerationRequest) -> AsyncIterator[AdapterEvent]:
-        """JSON for the request's schema (``sim_json``), streamed in token-sized pieces."""
+    async def _vocab_tokens(self, request: GenerationRequest) -> AsyncGenerator[Token | str, None]:
+        """Tokens drawn from the vocabulary, paced at ``tokens_per_s``, then why they ended."""
+        rid = request.request_id
+        rng = self._rng(request)
+        interval = 1.0 / self.tokens_per_s if self.tokens_per_s > 0 else 0.0
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        generated = 0
+        while generated < request.max_tokens:
+            if rid in self._cancelled:
+                return
+            if interval:
+                delay = start + (generated + 1) * interval - loop.time()
+                # behind schedule (the loop was busy), still yield: timers such as a
+                # step's deadline must get their turn between paced tokens
+                await asyncio.sleep(max(delay, 0))
+                if rid in self._cancelled:
+                    return
+            elif generated % _FAST_YIELD_EVERY == 0:
+                await asyncio.sleep(0)
+            if generated > 0 and rng.random() < self.eos_probability:
+                yield "eos"
+                return
+            token_id = rng.randrange(len(VOCAB))
+            generated += 1
+            yield Token(text=VOCAB[token_id], token_id=token_id)
+        yield "length"
+
+    async def _json_tokens(self, request: GenerationRequest) -> AsyncGenerator[Token | str, None]:
+        """JSON for the request's schema (``sim_json``) in token-sized pieces, then why they
+        ended."""
         rid = request.request_id
         schema = json.dumps(request.json_schema, sort_keys=True).encode()
         # model_hash, unlike the plain seed, covers the JSON settings
@@ -182,29 +206,16 @@ class SimAdapter(WorkerAdapter):
             unknown_p=self.unknown_tool_probability,
         )
         text = json.dumps(sampler.sample(request.json_schema), ensure_ascii=False)
-        pieces = json_pieces(text)
         interval = 1.0 / self.tokens_per_s if self.tokens_per_s > 0 else 0.0
-        matcher = StopMatcher(request.stop)
-        sent = 0
-        stop_reason = "eos"
-        for n, piece in enumerate(pieces):
+        for n, piece in enumerate(json_pieces(text)):
             if n >= request.max_tokens:
-                stop_reason = "length"
-                break
+                yield "length"
+                return
             await asyncio.sleep(interval)
             if rid in self._cancelled:
                 return
-            for tok in matcher.push(Token(text=piece, token_id=None)):
-                sent += 1
-                yield tok
-            if matcher.stopped:
-                stop_reason = "stop"
-                break
-        for tok in matcher.flush():
-            sent += 1
-            yield tok
-        tokens_in = sim_token_count(request.rendered_prompt())
-        yield Finish(stop_reason=stop_reason, tokens_in=tokens_in, tokens_out=sent)
+            yield Token(text=piece, token_id=None)
+        yield "eos"
 
     def count_tokens(self, request: GenerationRequest) -> int | None:
         return sim_token_count(request.rendered_prompt())
