@@ -49,8 +49,10 @@ def _placement_form(value: Any) -> str | None:
     """Which form a placement is written in, told by its shape: errors then name only that
     form's fields (``placement.pin``), and a value in none of the forms gets one error
     saying what the field accepts."""
-    if isinstance(value, PinPlacement | AffinityPlacement):
-        return "pin" if isinstance(value, PinPlacement) else "affinity"
+    if isinstance(value, PinPlacement):
+        return "pin"
+    if isinstance(value, AffinityPlacement):
+        return "affinity"
     if value == "auto":
         return "auto"
     if isinstance(value, dict):

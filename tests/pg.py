@@ -9,6 +9,8 @@ import uuid
 import asyncpg
 import pytest
 
+from orchestratord.db.models import Base
+
 PG_ADMIN_URL = os.environ.get("ORCHESTRATORD_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
 
 
@@ -70,9 +72,10 @@ def drop_database(url: str) -> None:
     asyncio.run(go())
 
 
-# Children before parents; the tables with a serial id restart it, as a fresh database would.
-_EMPTIED = ("events", "facts", "checkpoints", "steps", "runs", "flows", "key_usage", "api_keys")
-_SERIAL = ("events", "facts")
+# Every table of the schema, children before parents; those with a serial id restart it, as a
+# fresh database would.
+_EMPTIED = [table.name for table in reversed(Base.metadata.sorted_tables)]
+_SERIAL = [t.name for t in Base.metadata.sorted_tables if t.autoincrement_column is not None]
 
 
 async def empty(url: str) -> None:

@@ -60,7 +60,14 @@ REFUSALS = (
     E.Forbidden,
 )
 _TAG_ERRORS = frozenset({"union_tag_invalid", "union_tag_not_found"})
-_PLACEMENT_FIELDS = frozenset({"placement", "pool_policy"})
+# A union told apart by a tag puts the tag in an error's path, where the client wrote none: a
+# step's kind after the body (body.llm_call.input), a placement's form after its field
+# (placement.pin.pin). The tag is left out of the field named.
+_TAGS_AFTER: dict[str, frozenset[str]] = {
+    "body": frozenset(STEP_TYPES),
+    "placement": PLACEMENT_TAGS,
+    "pool_policy": PLACEMENT_TAGS,
+}
 _HTTP_CODES = {404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED", 400: "INVALID_PARAMS"}
 
 
@@ -92,14 +99,8 @@ async def on_domain_error(request: Request, exc: Exception) -> JsonResponse:
 def _field(loc: tuple[Any, ...], error_type: str = "") -> str:
     if error_type in _TAG_ERRORS:  # the step type itself picks no kind
         return ".".join([*(str(p) for p in loc if p != "body"), "type"])
-    if len(loc) > 1 and loc[0] == "body" and loc[1] in STEP_TYPES:
-        # a union discriminated on ``type`` puts the tag in the path: body.llm_call.input
-        loc = (loc[0], *loc[2:])
-    for at in range(len(loc) - 2):  # and a placement's form: placement.pin.pin
-        if loc[at] in _PLACEMENT_FIELDS and loc[at + 1] in PLACEMENT_TAGS:
-            loc = (*loc[: at + 1], *loc[at + 2 :])
-            break
-    parts = [str(p) for p in loc]
+    untagged = [p for i, p in enumerate(loc) if not (i and p in _TAGS_AFTER.get(loc[i - 1], ()))]
+    parts = [str(p) for p in untagged]
     if parts and parts[0] in ("body", "query", "path", "header"):
         head, rest = parts[0], parts[1:]
         return ".".join(rest) if head == "body" and rest else ".".join([head, *rest])

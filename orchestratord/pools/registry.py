@@ -149,8 +149,14 @@ class Pool:
 
     def placement_view(self) -> PoolView:
         """What placement reads of the pool (orchestrator_core.placement)."""
-        fields = (self.tags, self.ready, self.free_slots, self.models, self.features)
-        return PoolView(self.pool_id, *fields)
+        return PoolView(
+            pool_id=self.pool_id,
+            tags=self.tags,
+            ready=self.ready,
+            free_slots=self.free_slots,
+            models=self.models,
+            features=self.features,
+        )
 
     def load(self) -> dict[str, int]:
         busy = sum(r.busy for r in self.replicas)
