@@ -1,15 +1,25 @@
 """Wire bytes per turn: a run's session on the engine against resending the conversation.
 
-A 20-turn conversation (each turn: the conversation so far plus a new user line, 20 tokens
-generated) is driven through orchestratord twice, each time against an engine behind a
-counting TCP proxy that measures the bytes orchestratord sends to the engine:
+A 20-turn conversation (20 tokens generated a turn) is driven through orchestratord against
+an engine behind a counting TCP proxy that measures the bytes orchestratord sends to the
+engine, with its turns built two ways:
+
+* **appended**: each prompt is the conversation so far (prompts and replies) plus a new
+  user line;
+* **re-rendered**: each prompt is the previous prompt + the model's reply + a new question
+  as a transcript turn (``\nUser: ...\nAssistant:``), as an interpreter that re-renders a
+  chat sends it. Tokenized whole, such a text is not the engine's ids (the reply's first word
+  joins the label before it, its last word the newline after it).
+
+and each against two engines:
 
 * **session**: a ``kakeya`` pool (the reference runtime, gRPC, sim tokens): the run keeps one
-  engine session and each turn appends only its new tokens;
+  engine session and each turn appends only its new tokens; the runtime counts the sessions
+  it was asked to create;
 * **resend**: an ``openai`` pool (the fake OpenAI-compatible server): every turn sends the
   whole conversation as its prompt, as a stateless engine needs.
 
-Both orchestratord instances run in this process (SQLite); the engines too. Time per turn is
+The orchestratord instances run in this process (SQLite); the engines too. Time per turn is
 step ``POST`` -> ``succeeded`` as the client sees it.
 
     .venv/bin/python bench/sessions.py [--turns 20]
@@ -46,6 +56,8 @@ from test_harness.servers import serve_app  # noqa: E402
 from tests.conftest import make_settings  # noqa: E402
 
 USER_LINES = ["alpha beta gamma delta echo fox golf hotel ", "delta echo alpha fox beta gamma "]
+QUESTIONS = ["what is the plan for this step?", "and which tool is called from the flow?"]
+MODES = ("appended", "re-rendered")
 
 
 class CountingProxy:
@@ -103,14 +115,26 @@ async def service(engine: str, url: str, tmp: Path) -> AsyncIterator[httpx.Async
         await orch.stop()
 
 
-async def conversation(client: httpx.AsyncClient, proxy: CountingProxy, turns: int) -> list[Any]:
+def first_prompt(mode: str) -> str:
+    return USER_LINES[0] if mode == "appended" else f"User: {QUESTIONS[0]}\nAssistant:"
+
+
+def next_prompt(mode: str, prompt: str, reply: str, turn: int) -> str:
+    """The prompt of turn ``turn`` (from 1) after ``prompt`` was answered with ``reply``."""
+    if mode == "appended":
+        return prompt + reply + USER_LINES[turn % 2]
+    return prompt + reply + f"\nUser: {QUESTIONS[turn % 2]} ({turn})\nAssistant:"
+
+
+async def conversation(
+    client: httpx.AsyncClient, proxy: CountingProxy, turns: int, mode: str
+) -> list[Any]:
     flow = (await client.post("/v1/flows", json={"ast": {"bench": "sessions"}})).json()
     run_id = (await client.post(f"/v1/flows/{flow['flow_id']}/runs", json={"seed": 1})).json()[
         "run_id"
     ]
-    text, rows = "", []
+    text, rows = first_prompt(mode), []
     for turn in range(turns):
-        text += USER_LINES[turn % 2]
         before, t0 = proxy.sent, time.perf_counter()
         r = await client.post(
             f"/v1/runs/{run_id}/steps",
@@ -128,24 +152,31 @@ async def conversation(client: httpx.AsyncClient, proxy: CountingProxy, turns: i
             await asyncio.sleep(0.002)
         if step["status"] != "succeeded":
             raise RuntimeError(f"turn {turn}: {step['status']} {step.get('error')}")
-        rows.append({"bytes": proxy.sent - before, "s": time.perf_counter() - t0})
-        text += step["output"]["text"]
+        rows.append(
+            {"bytes": proxy.sent - before, "s": time.perf_counter() - t0, "prompt_chars": len(text)}
+        )
+        text = next_prompt(mode, text, step["output"]["text"], turn + 1)
     return rows
 
 
 async def main_async(turns: int) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp())
-    out: dict[str, Any] = {"turns": turns}
-    async with serve_kakeya() as rt:
-        host, port = rt.address.rsplit(":", 1)
-        proxy = CountingProxy(host, int(port))
-        async with proxy as address, service("kakeya", address, tmp) as client:
-            out["session (kakeya)"] = await conversation(client, proxy, turns)
-    async with serve_app(create_fake_openai()) as base:
-        host, port = base.removeprefix("http://").rsplit(":", 1)
-        proxy = CountingProxy(host, int(port))
-        async with proxy as address, service("openai", f"http://{address}/v1", tmp) as client:
-            out["resend (openai)"] = await conversation(client, proxy, turns)
+    out: dict[str, Any] = {"turns": turns, "engine_sessions": {}}
+    for mode in MODES:
+        (tmp / mode).mkdir()
+        async with serve_kakeya() as rt:
+            host, port = rt.address.rsplit(":", 1)
+            proxy = CountingProxy(host, int(port))
+            async with proxy as address, service("kakeya", address, tmp / mode) as client:
+                out[f"session, {mode} (kakeya)"] = await conversation(client, proxy, turns, mode)
+            out["engine_sessions"][f"session, {mode} (kakeya)"] = rt.store.created
+        async with serve_app(create_fake_openai()) as base:
+            host, port = base.removeprefix("http://").rsplit(":", 1)
+            proxy = CountingProxy(host, int(port))
+            async with proxy as address:
+                url = f"http://{address}/v1"
+                async with service("openai", url, tmp / mode) as client:
+                    out[f"resend, {mode} (openai)"] = await conversation(client, proxy, turns, mode)
     return out
 
 
@@ -156,18 +187,26 @@ def main() -> None:
     a = ap.parse_args()
     out = asyncio.run(main_async(a.turns))
     Path(a.out).write_text(json.dumps(out, indent=2) + "\n")
-    s, r = out["session (kakeya)"], out["resend (openai)"]
-    print("| | bytes to the engine, turn 1 | turn 20 | all turns | time per turn (median) |")
-    print("|---|---:|---:|---:|---:|")
+    opened = out["engine_sessions"]
+    print(
+        "| | engine sessions | bytes to the engine, turn 1 | turn 20 | all turns |"
+        " time per turn (median) |"
+    )
+    print("|---|---:|---:|---:|---:|---:|")
     for name, rows in out.items():
-        if name == "turns":
+        if name in ("turns", "engine_sessions"):
             continue
         print(
-            f"| {name} | {rows[0]['bytes']:,} | {rows[-1]['bytes']:,} | "
+            f"| {name} | {opened.get(name, '-')} | {rows[0]['bytes']:,} | {rows[-1]['bytes']:,} | "
             f"{sum(x['bytes'] for x in rows):,} | "
             f"{statistics.median(x['s'] for x in rows) * 1000:.1f} ms |"
         )
-    print(f"\nturn {a.turns}: session/resend bytes = {s[-1]['bytes'] / r[-1]['bytes']:.3f}")
+    print()
+    for mode in MODES:
+        s, r = out[f"session, {mode} (kakeya)"], out[f"resend, {mode} (openai)"]
+        print(
+            f"{mode}: turn {a.turns} session/resend bytes = {s[-1]['bytes'] / r[-1]['bytes']:.3f}"
+        )
 
 
 if __name__ == "__main__":

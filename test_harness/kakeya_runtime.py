@@ -231,9 +231,11 @@ class SessionStore:
         self.sessions: dict[str, RuntimeSession] = {}
         self.evicted: list[str] = []
         self.cancelled = 0  # generations the client cancelled while they streamed
+        self.created = 0  # sessions created since the store started
 
     def create(self, tokens: list[int], **fields: Any) -> RuntimeSession:
         session = RuntimeSession(secrets.token_hex(12), list(tokens), self.clock(), **fields)
+        self.created += 1
         self.sessions[session.session_id] = session
         return session
 

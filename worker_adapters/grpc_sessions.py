@@ -15,10 +15,10 @@ import grpc  # type: ignore[import-untyped]
 from pydantic import BaseModel, ConfigDict, Field
 
 from worker_adapters.base import AdapterEvent, GenerationRequest, WorkerAdapter
-from worker_adapters.errors import AdapterError
+from worker_adapters.errors import AdapterError, EngineFailure
 from worker_adapters.registry import EngineDefaults, EngineVariant, ReplicaConfig, UrlForms
 from worker_adapters.session_handle import EngineSession
-from worker_adapters.sessions import error_for_status
+from worker_adapters.sessions import error_for_status, tokens_for_prompt
 from worker_adapters.tokenizers import Tokenizer, tokenizer_named
 
 
@@ -68,9 +68,17 @@ class GrpcSessionAdapter(WorkerAdapter):
 
     async def stream(self, request: GenerationRequest) -> AsyncIterator[AdapterEvent]:
         """The prompt tokenized here and generated on the run's session; without one, on a
-        one-shot session closed afterwards."""
+        one-shot session closed afterwards. On a session, the tokens the engine is to hold
+        are read from its record and the prompt (:func:`tokens_for_prompt`)."""
         session = request.session or self.open_session()
-        prompt = self._tokenizer.encode(request.rendered_prompt())
+        if session.protocol != self.kind:
+            raise EngineFailure(
+                f"a {session.protocol} session cannot be used with {self.engine_label}"
+            )
+        text = request.rendered_prompt()
+        prompt = self._tokenizer.encode(text)
+        if request.session is not None:
+            prompt = tokens_for_prompt(session, text, prompt, self._tokenizer)
         try:
             async for event in self._generate(session, request, prompt):
                 yield event
@@ -83,7 +91,7 @@ class GrpcSessionAdapter(WorkerAdapter):
     def _generate(
         self, session: EngineSession, request: GenerationRequest, prompt: list[int]
     ) -> AsyncIterator[AdapterEvent]:
-        """Generate for ``request`` on ``session``, whose conversation is ``prompt``."""
+        """Generate for ``request`` on ``session``, whose engine is to hold ``prompt``."""
 
     def open_session(self) -> EngineSession:
         """A handle for a run; the engine's session is created when first used."""

@@ -1,12 +1,14 @@
 """Kakeya runtimes (kakeya.v1, gRPC): session-bound generation on raw token ids.
 
 With ``request.session`` the run's engine session is created on first use and then only the
-tokens it lacks are appended: the prompt (the whole conversation) is tokenized here, compared
-with the session's record, and the difference sent. Kakeya histories are append-only, so a
-prompt that rewrites the recorded past gets a new session holding the prompt. Every
-``history_length`` the runtime reports is checked against the record; a mismatch recreates the
-session from the record, and :class:`~worker_adapters.sessions.SessionDrift` is raised if even
-that disagrees. Without a session each request gets a one-shot session, closed afterwards.
+tokens it lacks are appended: the prompt (the whole conversation) is tokenized here, read
+against the session's record (:func:`~worker_adapters.sessions.tokens_for_prompt`: a prompt
+whose text extends the text the record spells appends the rest of the text's tokens), and the
+difference sent. Kakeya histories are append-only, so a prompt that rewrites the recorded past
+gets a new session holding the prompt. Every ``history_length`` the runtime reports is checked
+against the record; a mismatch recreates the session from the record, and
+:class:`~worker_adapters.sessions.SessionDrift` is raised if even that disagrees. Without a
+session each request gets a one-shot session, closed afterwards.
 
 The stream ends with a :class:`~worker_adapters.sessions.SessionFinish` that names the
 runtime's stop reason (``STOP_REASON_TRUNCATED`` reads as ``length``) and the tokens a
@@ -98,10 +100,12 @@ class KakeyaAdapter(GrpcSessionAdapter):
 
     async def _prepare(self, session: EngineSession, prompt: list[int]) -> None:
         """Make the runtime session hold ``prompt``, sending only the tokens it lacks."""
-        if session.protocol != self.kind:
-            raise EngineFailure(f"a {session.protocol} session cannot be used with Kakeya")
-        if session.session_id is None or session.replica != self.target:
-            await self._rebuild(session, prompt)
+        if (
+            session.session_id is None
+            or session.replica != self.target
+            or common_prefix(session.history, prompt) < len(session.history)
+        ):
+            await self._rebuild(session, prompt)  # append-only: the past cannot change
             return
         try:
             if session.verify:
@@ -109,9 +113,6 @@ class KakeyaAdapter(GrpcSessionAdapter):
                 if info.history_length != session.history_length:
                     await self._rebuild(session, session.history)
                 session.verify = False
-            if common_prefix(session.history, prompt) < len(session.history):
-                await self._rebuild(session, prompt)  # append-only: the past cannot change
-                return
             delta = prompt[len(session.history) :]
             if delta:
                 expected = session.history_length + len(delta)

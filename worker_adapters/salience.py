@@ -1,12 +1,14 @@
 """Salience servers (salience.v1, gRPC): sessions with offset-checked appends and logprobs.
 
-With ``request.session`` the prompt (the whole conversation) is tokenized here and compared
-with the session's record: the tokens past the common prefix are appended, and if the prompt
-rewrote part of the record the server rewinds to the common prefix first (``truncating``).
+With ``request.session`` the prompt (the whole conversation) is tokenized here and read
+against the session's record (:func:`~worker_adapters.sessions.tokens_for_prompt`: a prompt
+whose text extends the text the record spells keeps the record's tokens): the tokens past the
+common prefix are appended, and if the prompt rewrote part of the record the server rewinds to
+the common prefix first (``truncating``).
 Every Generate states the record's length as ``offset``; the server refuses a mismatch with
 FAILED_PRECONDITION, and the adapter then reads the server's tokens (DumpSession), adopts them
 as the record and retries once, raising :class:`~worker_adapters.sessions.SessionDrift` if the
-retry is refused too. A NOT_FOUND session is reopened and refilled from the prompt once, then
+retry is refused too. A NOT_FOUND session is reopened and refilled with those tokens once, then
 :class:`~worker_adapters.sessions.SessionLost`. Without a session each request gets a one-shot
 session, closed afterwards.
 
@@ -96,8 +98,6 @@ class SalienceAdapter(GrpcSessionAdapter):
         session.rebuilt(opened.session_id, self.target, [])
 
     async def _plan(self, session: EngineSession, prompt: list[int]) -> _Plan:
-        if session.protocol != self.kind:
-            raise EngineFailure(f"a {session.protocol} session cannot be used with Salience")
         parent, session.fork_of = session.fork_of, None
         if (
             session.session_id is None
@@ -117,9 +117,7 @@ class SalienceAdapter(GrpcSessionAdapter):
             dump = await self._unary(
                 "DumpSession", "DumpSessionRequest", session_id=session.session_id
             )
-            session.history = list(dump.tokens)
-            session.history_length = len(session.history)
-            session.verify = False
+            session.read_back(list(dump.tokens))
         common = common_prefix(session.history, prompt)
         rewind = common < len(session.history)
         return _Plan(common, rewind, prompt[common:])

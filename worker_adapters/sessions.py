@@ -15,14 +15,23 @@ SessionDrift   the engine holds another history than the record, and repairing f
 A generation ends with a :class:`SessionFinish`: a :class:`~worker_adapters.base.Finish` that
 tells the engine's own stop reason, the tokens its truncation dropped, and how long the
 session is afterwards.
+
+What the engine is to hold for a prompt is :func:`tokens_for_prompt`, a function of the
+session's record and the prompt alone (see docs/engines-sessions.md, "Prompts that extend the
+session").
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from worker_adapters.base import Finish
 from worker_adapters.errors import AdapterError, EngineFailure, EngineUnavailable
+
+if TYPE_CHECKING:
+    from worker_adapters.session_handle import EngineSession
+    from worker_adapters.tokenizers import Tokenizer
 
 
 class SessionLost(AdapterError):
@@ -74,3 +83,45 @@ def common_prefix(a: list[int], b: list[int]) -> int:
             break
         n += 1
     return n
+
+
+def tokens_for_prompt(
+    session: EngineSession, text: str, tokens: list[int], tokenizer: Tokenizer
+) -> list[int]:
+    """The tokens ``session``'s engine is to hold before generating for a prompt whose text
+    is ``text`` and whose own tokenization is ``tokens``; a function of the record and the
+    prompt, so a run replayed turn by turn holds the same tokens at every turn.
+
+    1. ``tokens``, when the record is a prefix of them: the engine lacks only the rest.
+    2. When ``text`` begins with the text the record spells (:meth:`EngineSession.spelled`),
+       the record followed by the rest of the text tokenized on its own
+       (:func:`continuation`): a reply re-sent as text keeps the engine's own tokens, even
+       where tokenizing the whole text would split it otherwise.
+    3. Else ``tokens``: the prompt rewrote the past (a new session on Kakeya, a rewind on
+       Salience).
+    """
+    history = session.history
+    if tokens[: len(history)] == history:
+        return tokens
+    held, data = session.spelled(tokenizer.piece), text.encode()
+    if not data.startswith(held):
+        return tokens
+    try:  # the record ends inside a character the text completes: not a token boundary
+        rest = data[len(held) :].decode()
+    except UnicodeDecodeError:
+        return tokens
+    added = continuation(tokenizer, rest)
+    return tokens if added is None else history + added
+
+
+def continuation(tokenizer: Tokenizer, text: str) -> list[int] | None:
+    """``text`` tokenized to follow other tokens: without the tokens the vocabulary puts
+    before any text (a BOS), and only if its tokens spell ``text`` exactly (a vocabulary
+    that adds a space before the first word, or normalizes text, gives ``None``)."""
+    ids = tokenizer.encode(text)
+    lead = tokenizer.encode("")
+    if ids[: len(lead)] == lead:
+        ids = ids[len(lead) :]
+    if b"".join(map(tokenizer.piece, ids)) != text.encode():
+        return None
+    return ids
