@@ -53,13 +53,26 @@ class ReplicaOut(Out):
     busy: int
     free: int
     health: dict[str, Any]
+    capabilities: dict[str, Any] = Field(
+        default_factory=dict,
+        description="what it serves: engine, engine_version, model, model_hash and "
+        "quantization as its engine reports them; models (as configured and reported), "
+        "features, context_size (null until reported) and gpu ({arch, vram_gib, count} as "
+        "declared in the pools file, or null)",
+    )
 
 
 class PoolOut(Out):
     pool_id: str
     engine: str
     tags: dict[str, str]
-    capabilities: dict[str, Any]
+    capabilities: dict[str, Any] = Field(
+        description="what its engine reports (its first replica's), with the pool's models "
+        "(every replica's), features (those every replica offers), context_size (the "
+        "smallest) and gpu ({arch, vram_gib, count}: the GPUs of all its replicas, the "
+        "smallest memory, the arch they share or null; null unless every replica declares "
+        "its GPUs)"
+    )
     price: dict[str, Any] | None = Field(
         default=None,
         description="the pool's own price from pools.yaml, as written there (it wins over the "

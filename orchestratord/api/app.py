@@ -19,6 +19,7 @@ from orchestratord.api.request_spans import RequestSpanMiddleware
 from orchestratord.api.responses import JsonResponse
 from orchestratord.facts import routes as facts
 from orchestratord.flows import routes as flows
+from orchestratord.pools import capability_routes as caps
 from orchestratord.pools import routes as pools
 from orchestratord.runs import routes as runs
 from orchestratord.runs import transfer_routes as transfer
@@ -79,7 +80,7 @@ def create_app(
         app.state.orchestrator = orchestrator
     errors.install(app)
     openapi_doc.install(app)
-    for module in (flows, runs, steps, facts, pools, streams, transfer, metrics_routes):
+    for module in (flows, runs, steps, facts, pools, caps, streams, transfer, metrics_routes):
         app.include_router(module.router)
     hot_routes.install(app)
 

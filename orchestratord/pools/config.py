@@ -10,10 +10,19 @@ output_per_million_usd: ..}`` or ``{per_decode_second_usd: ..}``, amounts in USD
 
 What a replica takes (``url``, ``slots``, ``options``) is its engine's, as the engine's
 variant says (``worker_adapters.registry``): errors name ``replicas.N.options.FIELD``.
+
+Hardware is declared, as engines do not report it: ``gpu: {arch, vram_gib, count}`` on a
+replica says what each of its engine's processes runs on (``count`` GPUs of ``vram_gib`` GiB
+each, an integer; ``arch`` as the operator names it: ``sm90``, ``gfx942``, ``h100``). Written
+on the pool, it is what every replica that declares none runs on. ``vendor``, ``name`` and
+``driver`` may be added; ``vendor`` is otherwise read from ``arch`` (``sm..``: nvidia,
+``gfx..``: amd, else unknown). Each GPU is named ``<pool_id>/<replica_id>/gpu<N>`` (``N``
+from 0): the ids the capability snapshot lists and placement selectors name.
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -41,6 +50,46 @@ def _registered(name: str) -> str:
 EngineName = Annotated[str, AfterValidator(_registered)]
 
 
+def _vendor_of(arch: str) -> str:
+    lowered = arch.lower()
+    if re.fullmatch(r"sm_?\d+[a-z]?", lowered):
+        return "nvidia"
+    if re.fullmatch(r"gfx\d+[a-z]?", lowered):
+        return "amd"
+    return "unknown"
+
+
+class GpuSpec(BaseModel):
+    """The GPUs one replica's engine runs on, as the operator declares them."""
+
+    model_config = ConfigDict(extra="forbid")
+    arch: str = Field(min_length=1, max_length=64, description="sm90, gfx942, h100, ...")
+    vram_gib: int = Field(ge=1, le=65536, strict=True, description="memory of each GPU, GiB")
+    count: int = Field(default=1, ge=1, le=1024, strict=True, description="GPUs of the replica")
+    vendor: str | None = Field(
+        default=None, min_length=1, max_length=64, description="default: read from arch"
+    )
+    name: str | None = Field(default=None, min_length=1, max_length=128)
+    driver: str | None = Field(default=None, min_length=1, max_length=64)
+
+    @property
+    def vendor_name(self) -> str:
+        return self.vendor or _vendor_of(self.arch)
+
+    @property
+    def display_name(self) -> str:
+        return self.name or f"{self.arch} {self.vram_gib} GiB"
+
+    def shown(self) -> dict[str, Any]:
+        """As ``GET /v1/pools`` shows it."""
+        return {"arch": self.arch, "vram_gib": self.vram_gib, "count": self.count}
+
+
+def gpu_ids(pool_id: str, replica_id: str, gpu: GpuSpec | None) -> tuple[str, ...]:
+    """The ids of a replica's GPUs: ``<pool_id>/<replica_id>/gpu<N>``."""
+    return () if gpu is None else tuple(f"{pool_id}/{replica_id}/gpu{n}" for n in range(gpu.count))
+
+
 class ReplicaSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
     replica_id: str = Field(min_length=1, max_length=128)
@@ -48,6 +97,7 @@ class ReplicaSpec(BaseModel):
     model: str | None = None
     slots: int = Field(default=1, ge=1, le=4096)
     options: dict[str, Any] = Field(default_factory=dict)
+    gpu: GpuSpec | None = Field(default=None, description="its GPUs; default: the pool's gpu")
 
 
 def _usd(description: str) -> Any:
@@ -86,6 +136,13 @@ class PoolSpec(BaseModel):
     price: PoolPrice | None = Field(
         default=None, description="the pool's own price; it wins over the price table"
     )
+    gpu: GpuSpec | None = Field(
+        default=None, description="the GPUs of each replica that declares none of its own"
+    )
+
+    def gpu_of(self, replica: ReplicaSpec) -> GpuSpec | None:
+        """What ``replica`` runs on: its own declaration, else the pool's."""
+        return replica.gpu or self.gpu
 
     def own_price(self) -> Price | None:
         return None if self.price is None else self.price.to_price(self.pool_id)

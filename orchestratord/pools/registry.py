@@ -14,7 +14,8 @@ from orchestrator_core.placement import PoolView
 from orchestrator_core.pricing import Price
 from orchestrator_core.replay import EngineIdentity
 from orchestratord.engine_requests import generation_request
-from orchestratord.pools.config import PoolSpec, ReplicaSpec
+from orchestratord.pools.capabilities import pool_capabilities, replica_capabilities
+from orchestratord.pools.config import GpuSpec, PoolSpec, ReplicaSpec, gpu_ids
 from orchestratord.settings import Settings
 from worker_adapters import Health, WorkerAdapter
 from worker_adapters.registry import EngineDefaults, ReplicaConfig, variant
@@ -29,13 +30,27 @@ class Replica:
     slots: int
     url: str | None = None
     model: str | None = None
-    busy: int = 0
+    busy: int = 0  # requests this process sends it now
+    # slots other processes held when this one last looked (PostgreSQL: ``pools/slots.py``)
+    others: int = 0
     health: Health = field(default_factory=lambda: Health(live=True, ready=True))
     capabilities: dict[str, Any] = field(default_factory=dict)
+    gpu: GpuSpec | None = None  # declared in the pools file
+    gpu_ids: tuple[str, ...] = ()  # one per GPU: <pool_id>/<replica_id>/gpu<N>
+
+    @property
+    def vram_gib(self) -> int | None:
+        """The memory of each of its GPUs, GiB, as declared; None: no GPU declared."""
+        return None if self.gpu is None else self.gpu.vram_gib
 
     @property
     def free(self) -> int:
-        return max(0, self.slots - self.busy) if self.health.ready else 0
+        return max(0, self.slots - self.busy - self.others) if self.health.ready else 0
+
+    @property
+    def full_here(self) -> bool:
+        """Every slot is held by this process: full whatever the others hold."""
+        return self.busy >= self.slots or not self.health.ready
 
 
 @dataclass
@@ -78,6 +93,12 @@ class Pool:
         return frozenset.intersection(*told) if told else None
 
     @property
+    def vram_gib(self) -> int | None:
+        """The smallest memory of its GPUs, GiB; None unless every replica declares some."""
+        sizes = [r.vram_gib for r in self.replicas]
+        return None if not sizes or None in sizes else min(s for s in sizes if s is not None)
+
+    @property
     def model_name(self) -> str:
         """The model the pool serves, as its engine reports it (what prices are keyed by)."""
         return str(self.capabilities.get("model") or self.replicas[0].model or self.engine)
@@ -108,6 +129,15 @@ class Pool:
     def release(self, replica: Replica) -> None:
         replica.busy = max(0, replica.busy - 1)
 
+    def saw_held(self, held: dict[str, int]) -> None:
+        """The slots held per replica, every process counted (this one's among them)."""
+        for replica in self.replicas:
+            replica.others = max(0, held.get(replica.replica_id, 0) - replica.busy)
+
+    @property
+    def full_here(self) -> bool:
+        return all(r.full_here for r in self.replicas)
+
     def replica(self, replica_id: str) -> Replica | None:
         return next((r for r in self.replicas if r.replica_id == replica_id), None)
 
@@ -119,13 +149,17 @@ class Pool:
             return "live"
         return "down"
 
-    def view(self, queued: int) -> PoolOut:
+    def view(self, queued: int, held: dict[tuple[str, str], int] | None = None) -> PoolOut:
+        """What ``GET /v1/pools`` shows: ``held`` counts every process's slots (PostgreSQL),
+        else this process's are the whole."""
         self.queued = queued
+        if held is not None:
+            self.saw_held({r: n for (p, r), n in held.items() if p == self.pool_id})
         return PoolOut(
             pool_id=self.pool_id,
             engine=self.engine,
             tags=self.tags,
-            capabilities=self.capabilities,
+            capabilities=pool_capabilities(self),
             price=None if self.price is None else self.price.rates(),
             health=self.health_label,
             load=self.load(),
@@ -135,8 +169,9 @@ class Pool:
                     url=r.url,
                     model=r.model,
                     slots=r.slots,
-                    busy=r.busy,
+                    busy=r.busy + r.others,
                     free=r.free,
+                    capabilities=replica_capabilities(r),
                     health={
                         "live": r.health.live,
                         "ready": r.health.ready,
@@ -159,7 +194,7 @@ class Pool:
         )
 
     def load(self) -> dict[str, int]:
-        busy = sum(r.busy for r in self.replicas)
+        busy = sum(r.busy + r.others for r in self.replicas)
         total = sum(r.slots for r in self.replicas)
         return {"slots_busy": busy, "slots_free": max(0, total - busy), "queue_depth": self.queued}
 
@@ -254,6 +289,8 @@ def build_registry(specs: list[PoolSpec], settings: Settings) -> PoolRegistry:
                 slots=r.slots,
                 url=r.url,
                 model=r.model,
+                gpu=spec.gpu_of(r),
+                gpu_ids=gpu_ids(spec.pool_id, r.replica_id, spec.gpu_of(r)),
             )
             for r in spec.replicas
         ]
