@@ -21,12 +21,15 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from sqlalchemy.ext.asyncio import AsyncSession
+
 from orchestrator_core.lifecycle import StepStatus
 from orchestratord import tracing
 from orchestratord.db.engine import Database
 from orchestratord.db.models import Run, Step
 from orchestratord.eventlog import EventWriter
 from orchestratord.pools.registry import Pool, PoolRegistry, Replica
+from orchestratord.pools.slots import Slots
 from orchestratord.prices import PriceBook
 from orchestratord.steps.leases import LeaseTerms
 from orchestratord.steps.queries import cancel_requested_among, claim_queued, queued_lanes
@@ -76,6 +79,7 @@ class Dispatcher:
         self.writer = writer
         self.poll_s = poll_s
         self.executions: dict[str, Execution] = {}
+        self.slots = Slots(shared=not db.is_sqlite)
         self._wake = asyncio.Event()
         self._stopping = False
         self._task: asyncio.Task[None] | None = None
@@ -173,10 +177,13 @@ class Dispatcher:
             pools = await self._where_queued(pools)
         for pool in pools:
             waiting = True  # a full pool: steps may be queued behind it
-            while (free := pool.free_slots) > 0:
+            while not pool.full_here:
                 claimed: list[tuple[ClaimedStep, Replica]] = []
                 try:
                     async with self.db.write() as session:
+                        await self.slots.look(session, pool)  # other processes' slots
+                        if (free := pool.free_slots) <= 0:
+                            break
                         full = [r.replica_id for r in pool.replicas if r.free == 0]
                         rows = await claim_queued(
                             session, pool_id=pool.pool_id, limit=free, full_replicas=full
@@ -216,7 +223,7 @@ class Dispatcher:
         others are looked at, with nothing left queued. Full pools stay (nothing is claimed
         there, but steps may wait behind them)."""
         control = self._control_hint and self.control_slots > self._control_running
-        if not control and all(pool.free_slots <= 0 for pool in pools):
+        if not control and all(pool.full_here for pool in pools):
             return pools
         async with self.db.driver_write() as target:
             lanes = await queued_lanes(target)
@@ -225,7 +232,7 @@ class Dispatcher:
         now = asyncio.get_running_loop().time()
         kept = []
         for pool in pools:
-            if pool.free_slots > 0 and pool.pool_id not in lanes:
+            if not pool.full_here and pool.pool_id not in lanes:
                 self._backlog[pool.pool_id] = False
                 self._looked[pool.pool_id] = now
             else:
@@ -236,6 +243,9 @@ class Dispatcher:
 
     def may_start(self) -> bool:
         return not self.paused and not self._stopping
+
+    async def look(self, session: AsyncSession, pool: Pool) -> None:
+        await self.slots.look(session, pool)
 
     def slot_for(self, pool: Pool, run: Run) -> Replica | None:
         return pool.acquire(self._session_replica(pool, run))

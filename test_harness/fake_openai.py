@@ -38,6 +38,7 @@ class FakeState:
     faults: Faults = field(default_factory=Faults)
     model: str = "fake-model"
     active: int = 0
+    peak_active: int = 0  # the most generations it streamed at once
     disconnects: int = 0
     completed: int = 0
     requests: list[dict[str, Any]] = field(default_factory=list)
@@ -90,6 +91,7 @@ def create_fake_openai(state: FakeState | None = None) -> Starlette:
     async def _events(body: dict[str, Any], tokens: list[str], chat: bool) -> AsyncIterator[bytes]:
         f = st.faults
         st.active += 1
+        st.peak_active = max(st.peak_active, st.active)
         finished = False
         try:
             if f.first_byte_delay_s:

@@ -117,6 +117,8 @@ class Step(Base):
     tokens_out_reserved: Mapped[int] = mapped_column(sa.BigInteger, default=0)
     cost_reserved_usd: Mapped[float] = mapped_column(sa.Float, default=0.0)
     policy_decision: Mapped[dict[str, Any] | None] = mapped_column(Json)
+    # Why the step went where it went: the rule, each candidate replica and its reason.
+    placement_decision: Mapped[dict[str, Any] | None] = mapped_column(Json, nullable=True)
     cancel_requested: Mapped[bool] = mapped_column(sa.Boolean, default=False)
     pool_id: Mapped[str | None] = mapped_column(sa.String(128))
     replica_id: Mapped[str | None] = mapped_column(sa.String(128))

@@ -21,8 +21,9 @@ router = APIRouter()
 async def list_pools(orch: Orchestrator = Depends(orchestrator)) -> list[PoolOut]:
     async with orch.db.read() as session:
         queued = await queued_counts(session)
+        held = await orch.dispatcher.slots.held(session)
     return [
-        scrub_pool(p.view(queued.get(p.pool_id, 0)), orch.scrubber)
+        scrub_pool(p.view(queued.get(p.pool_id, 0), held), orch.scrubber)
         for p in orch.pools.pools.values()
     ]
 
@@ -32,4 +33,5 @@ async def get_pool(pool_id: str, orch: Orchestrator = Depends(orchestrator)) -> 
     pool = orch.pools.require(pool_id)
     async with orch.db.read() as session:
         queued = await queued_counts(session)
-    return scrub_pool(pool.view(queued.get(pool_id, 0)), orch.scrubber)
+        held = await orch.dispatcher.slots.held(session)
+    return scrub_pool(pool.view(queued.get(pool_id, 0), held), orch.scrubber)

@@ -38,6 +38,11 @@ class Starter(Protocol):
         """Steps may start (the process is not draining)."""
         ...
 
+    async def look(self, session: AsyncSession, pool: Pool) -> None:
+        """Before ``slot_for`` in ``session``'s transaction: the slots of ``pool`` that
+        other processes hold (PostgreSQL; the pool's lock is held to the transaction's end)."""
+        ...
+
     def slot_for(self, pool: Pool, run: Run) -> Replica | None:
         """A slot taken for a step of ``run`` on ``pool`` (its session's replica where the
         engine keeps sessions), or None; given back with ``give_back``."""

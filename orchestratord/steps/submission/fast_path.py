@@ -39,6 +39,7 @@ class Unstored(Enum):
     """Why the one statement stored nothing (it wrote nothing either)."""
 
     WAITS = "a step of its priority or higher waits in its pool (StartNow took a slot)"
+    NO_SLOT = "the slot StartNow took is held in another process (the replica is full)"
     TOKEN_TAKEN = "the client_token's step exists, or its insert conflicted with one"
     NO_FIT = "the reservation does not fit the ledger the submission read"
     LEDGER_UNREAD = "a kept run's ledger shaped the plan or refused it: a read decides"
@@ -74,6 +75,12 @@ async def store(sub: Submission) -> Submitted | NotStored:
     params = reserve_params(sub.run_id, sub.budget.run, reservation, cost_margin=margin)
     params.update({f"s_{c}": held.get(c) for c in STEP_COLUMNS})
     params.update(q_pool=sub.pool_id if unchecked else None, q_rank=rank)
+    slot = sub.slot
+    params.update(
+        q_slot_pool=sub.pool_id,
+        q_replica=None if slot is None else slot.replica.replica_id,
+        q_slots=None if slot is None else slot.replica.slots,
+    )
     if sub.announce is not None:
         sub.announce(step)
     try:
@@ -81,11 +88,13 @@ async def store(sub: Submission) -> Submitted | NotStored:
     except IntegrityError as exc:  # a token taken by a statement not yet committed
         return NotStored(Unstored.TOKEN_TAKEN, exc)
     assert row is not None  # one row (see the statement)
-    ahead, taken, token_used, status = row[0], row[1:8], row[8], row[9]
+    ahead, taken, token_used, status, slot_free = row[0], row[1:8], row[8], row[9], row[10]
     if ahead or taken[0] is None:  # nothing reserved, nothing inserted
         nothing_written(sub.db)
         if ahead:
             return NotStored(Unstored.WAITS)
+        if not slot_free:
+            return NotStored(Unstored.NO_SLOT)
         if token_used:
             return NotStored(Unstored.TOKEN_TAKEN)
         if status != RunStatus.RUNNING.value:  # ended since it was read (or kept)

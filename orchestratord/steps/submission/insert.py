@@ -7,7 +7,7 @@ not (``Unstored``), and ``Insert`` goes on from that outcome:
     stored         -> the answer
     (a kept run)   -> ReadAgain: whatever it met, a fresh read of the run decides
     TOKEN_TAKEN    -> the token's step answers (``_taken``)
-    WAITS          -> the slot goes back, the step is admitted, then the general way
+    WAITS, NO_SLOT -> the slot goes back, the step is admitted, then the general way
     NO_FIT         -> the general way, which reads the ledger again
 
 The general way (SQLite, and whatever the one statement did not store): one conditional
@@ -63,7 +63,7 @@ class Insert:
                 raise ReadAgain from done.error
             if done.why is Unstored.TOKEN_TAKEN:  # a submission of the token committed first
                 return await self._taken(sub, done.error)
-            if done.why is Unstored.WAITS:  # this one waits too, admitted
+            if done.why in (Unstored.WAITS, Unstored.NO_SLOT):  # it waits, admitted
                 assert sub.slot is not None
                 sub.slot.release()
                 sub.slot = None

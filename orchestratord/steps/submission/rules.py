@@ -225,8 +225,9 @@ class StartNow:
     free slot (its session's replica's, where the engine keeps sessions) and no step of its
     priority or higher waits in that pool's queue (the queue's order holds). It takes the
     slot here; the slot goes back if the submission does not commit. Where the step will be
-    stored by one statement (``fast_path``), that statement checks the queue instead: no
-    round trip of its own."""
+    stored by one statement (``fast_path``), that statement checks the queue and, on
+    PostgreSQL, that the replica's slot is free in every process: no round trip of its own
+    (``pools/slots.py``)."""
 
     async def apply(self, sub: Submission) -> Submitted | None:
         starter = sub.ctx.starter
@@ -238,11 +239,13 @@ class StartNow:
         if pool.free_slots <= 0:
             return None
         if fast_path.applies(sub):
-            sub.queue_unchecked = True
+            sub.queue_unchecked = True  # and the replica's slot, across processes
         else:
             params = {"pool_id": pool.pool_id, "rank": PRIORITY_RANK[sub.body.priority]}
             if (await AHEAD_IN_POOL.rows(sub.db, params))[0][0]:
                 return None
+            if not sub.sqlite:  # the slots other processes hold
+                await starter.look(sub.session, pool)
         replica = starter.slot_for(pool, sub.run)  # taken meanwhile, or its session's is busy
         if replica is not None:
             sub.slot = slot = Slot(starter, pool, replica)

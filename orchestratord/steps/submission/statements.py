@@ -12,6 +12,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from orchestrator_core.lifecycle import StepStatus
 from orchestratord.db.models import Run, Step
 from orchestratord.db.prepared import Prepared
+from orchestratord.pools.slots import slot_free
 from orchestratord.runs.ledger import RESERVE
 
 RUNS = cast(sa.Table, Run.__table__)
@@ -75,9 +76,23 @@ _TOKEN_USED = sa.exists().where(
     STEPS.c.run_id == sa.bindparam("b_run_id"),
     STEPS.c.client_token == sa.bindparam("s_client_token"),
 )
-_RESERVED = RESERVE.where(~sa.select(_AHEAD.c.ahead).scalar_subquery(), ~_TOKEN_USED).cte(
-    "reserved"
-)
+# whether the slot ``StartNow`` took is free in every process (``pools/slots.py``: the
+# pool's lock, held to the statement's end; true when no slot was taken, ``q_replica`` null)
+_SLOT = sa.select(
+    sa.case(
+        (sa.bindparam("q_replica", type_=sa.String).is_(None), sa.true()),
+        else_=slot_free(
+            sa.bindparam("q_slot_pool", type_=sa.String),
+            sa.bindparam("q_replica", type_=sa.String),
+            sa.bindparam("q_slots", type_=sa.Integer),
+        ),
+    ).label("slot")
+).cte("slot")
+_RESERVED = RESERVE.where(
+    ~sa.select(_AHEAD.c.ahead).scalar_subquery(),
+    sa.select(_SLOT.c.slot).scalar_subquery(),
+    ~_TOKEN_USED,
+).cte("reserved")
 _INSERTED = (
     STEPS.insert()
     .from_select(
@@ -96,7 +111,8 @@ _INSERTED = (
     .cte("inserted")
 )
 # its row: whether a step waits ahead, RESERVE's columns, then (as of the statement's start,
-# for when nothing was reserved) whether the token's step exists and the run's status
+# for when nothing was reserved) whether the token's step exists and the run's status, and
+# whether the replica's slot was free
 RESERVE_AND_INSERT = Prepared(
     sa.select(
         _AHEAD.c.ahead,
@@ -106,7 +122,8 @@ RESERVE_AND_INSERT = Prepared(
         .where(RUNS.c.run_id == sa.bindparam("b_run_id"))
         .scalar_subquery()
         .label("run_status"),
+        _SLOT.c.slot,
     )
-    .select_from(_AHEAD.outerjoin(_RESERVED, sa.true()))
+    .select_from(_AHEAD.join(_SLOT, sa.true()).outerjoin(_RESERVED, sa.true()))
     .add_cte(_INSERTED)
 )
