@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import sqlalchemy as sa
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from contracts.flows import FlowCreate
@@ -13,7 +14,8 @@ from orchestratord.db.models import Flow
 async def create_flow(
     session: AsyncSession, *, body: FlowCreate, limits: FlowLimits | None = None
 ) -> tuple[Flow, bool]:
-    """Store a flow by content; the same content returns the stored flow (created=False)."""
+    """Store a flow by content; the same content returns the stored flow (created=False),
+    also when a concurrent request (in any process) stored it first."""
     content = normalize_flow(
         ast=body.ast,
         # unset optional executor fields are not content: adding one keeps old flow ids
@@ -33,8 +35,14 @@ async def create_flow(
         labels=body.labels,
         created_at=clock.now(),
     )
-    session.add(flow)
-    await session.flush()
+    try:  # another process may store the same content meanwhile: then that flow is it
+        async with session.begin_nested():
+            session.add(flow)
+    except IntegrityError:
+        stored = await session.get(Flow, content.flow_id, populate_existing=True)
+        if stored is None:
+            raise
+        return stored, False
     return flow, True
 
 

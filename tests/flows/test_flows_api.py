@@ -1,6 +1,12 @@
 from __future__ import annotations
 
+from typing import Any
+
 import httpx
+import pytest
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from orchestratord.runtime import Orchestrator
 
 TOOL = {
     "name": "search",
@@ -90,3 +96,26 @@ async def test_out_of_range_integer_is_bad_input(client: httpx.AsyncClient) -> N
     )
     assert r.status_code == 422
     assert r.json()["details"]["errors"][0]["field"] == "ast.n"
+
+
+async def test_a_flow_stored_by_a_concurrent_request_is_the_answer(
+    client: httpx.AsyncClient, orch: Orchestrator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two processes storing the same content at once: the one whose insert meets the
+    other's row answers with that flow (200), not an error."""
+    first = await client.post("/v1/flows", json={"ast": {"race": 1}, "labels": {"by": "a"}})
+    assert first.status_code == 201
+    real_get = AsyncSession.get
+    looks: list[str] = []
+
+    async def not_yet_committed(self: AsyncSession, entity: Any, ident: Any, **kw: Any) -> Any:
+        looks.append(ident)
+        if len(looks) == 1:  # the other request's row, not committed when this one looked
+            return None
+        return await real_get(self, entity, ident, **kw)
+
+    monkeypatch.setattr(AsyncSession, "get", not_yet_committed)
+    again = await client.post("/v1/flows", json={"ast": {"race": 1}, "labels": {"by": "b"}})
+    assert again.status_code == 200, again.text
+    assert again.json() == first.json()
+    assert looks == [first.json()["flow_id"]] * 2
