@@ -38,11 +38,56 @@ class PinPlacement(Strict):
     pin: str = Field(min_length=1)
 
 
+class AffinitySelector(Strict):
+    """Pools chosen by what they are: every condition given must hold."""
+
+    tags: dict[str, str] = Field(default_factory=dict, description="tags equal to these values")
+    in_: dict[str, list[str]] = Field(
+        default_factory=dict, alias="in", description="tags whose value is one of these"
+    )
+    not_in: dict[str, list[str]] = Field(
+        default_factory=dict, description="tags absent, or whose value is none of these"
+    )
+    min_vram_gib: int | None = Field(
+        default=None, ge=1, description="every replica declares a GPU with at least this"
+    )
+    features: list[str] = Field(default_factory=list, description="features the pool offers")
+
+    model_config = ConfigDict(populate_by_name=True)
+
+
+SELECTOR_KEYS = frozenset({"tags", "in", "not_in", "min_vram_gib", "features"})
+AFFINITY_FORMS = '{tag: value} or a selector {"tags", "in", "not_in", "min_vram_gib", "features"}'
+
+
+def affinity_form(value: Any) -> str | None:
+    """A tag map (v1: every value a string) or a selector (a selector key whose value is
+    not a string: ``{"min_vram_gib": 40}``; a tag named ``features`` keeps its v1 meaning)."""
+    if isinstance(value, AffinitySelector):
+        return "selector"
+    if isinstance(value, dict):
+        if any(k in SELECTOR_KEYS and not isinstance(v, str) for k, v in value.items()):
+            return "selector"
+        return "map"
+    return None
+
+
+Affinity = Annotated[
+    Annotated[dict[str, str], Tag("map")] | Annotated[AffinitySelector, Tag("selector")],
+    Discriminator(
+        affinity_form,
+        custom_error_type="affinity_form",
+        custom_error_message=f"must be {AFFINITY_FORMS}",
+    ),
+]
+AFFINITY_TAGS = frozenset({"map", "selector"})
+
+
 class AffinityPlacement(Strict):
-    affinity: dict[str, str]
+    affinity: Affinity
 
 
-PLACEMENT_FORMS = '"auto", {"pin": pool_id} or {"affinity": {tag: value}}'
+PLACEMENT_FORMS = '"auto", {"pin": pool_id} or {"affinity": {tag: value} or a selector}'
 
 
 def _placement_form(value: Any) -> str | None:
@@ -78,6 +123,8 @@ PLACEMENT_TAGS = frozenset({"auto", "pin", "affinity"})
 def placement_to_json(value: Placement | None) -> Any:
     if value is None or isinstance(value, str):
         return value
+    if isinstance(value, AffinityPlacement) and isinstance(value.affinity, AffinitySelector):
+        return {"affinity": value.affinity.model_dump(by_alias=True, exclude_defaults=True)}
     return value.model_dump()
 
 

@@ -53,6 +53,11 @@ class ReplicaOut(Out):
     busy: int
     free: int
     health: dict[str, Any]
+    state: str = Field(
+        default="ready",
+        description="whether it takes new steps: ready | unready (its health) | draining (an"
+        " operator's drain) | breaker_open (its circuit breaker fails calls fast)",
+    )
     capabilities: dict[str, Any] = Field(
         default_factory=dict,
         description="what it serves: engine, engine_version, model, model_hash and "

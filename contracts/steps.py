@@ -10,7 +10,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import TYPE_CHECKING, Annotated, Any, Literal, get_args
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.config import JsonDict
 
 from contracts.bounds import MAX_INT, MAX_TOP_K, Text
@@ -165,6 +165,26 @@ class StepAccepted(Out):
     status: str
 
 
+class PlacementChoice(BaseModel):
+    pool_id: str
+    replica_id: str | None = Field(description="null until the step runs")
+
+
+class PlacementCandidate(BaseModel):
+    pool_id: str
+    replica_id: str | None
+    eligible: bool
+    reason: str | None = Field(description="why it was not eligible; null when it was")
+    free_slots: int
+
+
+class PlacementDecision(BaseModel):
+    rule: str = Field(description="auto | pin | affinity | replay")
+    tie_break: str | None = None
+    chosen: PlacementChoice
+    candidates: list[PlacementCandidate] = Field(default_factory=list)
+
+
 class StepOut(Out):
     step_id: str
     run_id: str
@@ -185,6 +205,11 @@ class StepOut(Out):
     max_tokens_granted: int | None = Field(description="max_tokens after the budget clamp")
     budget_clamped: bool
     policy_decision: dict[str, Any] | None
+    placement_decision: PlacementDecision | None = Field(
+        default=None,
+        description="engine steps: the placement rule, every candidate replica and its reason,"
+        " and the pool and replica chosen (the replica once the step runs)",
+    )
     provenance: dict[str, Any] | None
     error: dict[str, Any] | None
     replay_of: str | None = Field(

@@ -246,6 +246,15 @@ class BreakerBoard:
             breaker = self._breakers[target] = CircuitBreaker(target, self.config)
         return breaker
 
+    def is_open(self, target: str) -> bool:
+        """``target``'s calls fail fast now (open, its wait not over); creates nothing."""
+        breaker = self._breakers.get(target)
+        return (
+            breaker is not None
+            and breaker.state is BreakerState.OPEN
+            and breaker.retry_after_ms() > 0
+        )
+
     def _sweep(self) -> None:
         self._breakers = {t: b for t, b in self._breakers.items() if not b.idle}
         # at least as many new targets as survivors before the next sweep: O(1) amortized

@@ -1,23 +1,45 @@
-"""Placement: choose a pool for a step from ``auto | {pin} | {affinity}``.
+"""Placement: choose a pool for a step from ``auto | {pin} | {affinity}``, and say why.
 
-Deterministic: among eligible ready pools, the one with most free slots wins and ties go to
-the smallest pool id, so one view of the pools always gives one answer. A pin is honored
-even when its pool is busy: the step waits in that pool's queue.
+The rules, in order, each ruling out candidates (a pool's replicas) with a reason:
 
-Eligible pools serve what the step asks for (:class:`Needs`): the model it names, and each
-feature its parameters need (``logprobs``, ``json_schema``). A pool whose engine has not
-said what it serves (it has not answered yet) is not ruled out for it. A step no pool can
-serve is bad input naming the field that asks, and what the pools serve instead.
+1. **The placement's form.** ``auto``: every pool. ``{"pin": P}``: pool P only (an unknown
+   pool is bad input). ``{"affinity": {tag: value}}``: pools with every tag equal;
+   ``{"affinity": {"tags", "in", "not_in", "min_vram_gib", "features"}}``: pools meeting
+   every condition given (``min_vram_gib``: every replica declares a GPU with at least that
+   much memory). No pool matching is bad input naming the field.
+2. **What the step needs** (:class:`Needs`): the model it names, each feature its
+   parameters ask for (``logprobs``, ``json_schema``). A pool whose engine has not said what
+   it serves (it has not answered yet) is not ruled out. Nothing serving it is bad input
+   naming the field that asks, and what the pools serve instead.
+3. **Whether a replica takes steps now**: not ``unready`` (its health), not ``draining``,
+   its circuit breaker not ``breaker_open``. A pool with no such replica is not ready.
+
+Among the ready pools left, the one with most free slots wins, ties to the smallest pool
+id: one view of the pools always gives one answer (what strict_replay relies on: a replay
+goes where its recording ran, and a record run placed by the same rules over the same
+pools lands the same). A pin is honoured even when its pool is busy: the step waits in
+that pool's queue. The decision (:class:`Placed`) lists every candidate and its reason.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
+from contracts.common import affinity_form
 from orchestrator_core.errors import InvalidParams, PoolUnavailable
 from orchestrator_core.generation import LlmInput
+
+TIE_BREAK = "most free slots, then the smallest pool id"
+READY = "ready"
+
+
+@dataclass(frozen=True)
+class ReplicaView:
+    replica_id: str
+    free_slots: int
+    state: str = READY  # ready | unready | draining | breaker_open
 
 
 @dataclass(frozen=True)
@@ -28,6 +50,14 @@ class PoolView:
     free_slots: int
     models: frozenset[str] = frozenset()  # empty: not known yet
     features: frozenset[str] | None = None  # None: not known yet
+    replicas: tuple[ReplicaView, ...] = ()  # empty: the pool alone is the candidate
+    vram_gib: int | None = None  # the least any replica declares; None: not every one does
+
+    def candidates(self) -> tuple[ReplicaView, ...]:
+        if self.replicas:
+            return self.replicas
+        state = READY if self.ready else "unready"
+        return (ReplicaView(replica_id="", free_slots=self.free_slots, state=state),)
 
 
 @dataclass(frozen=True)
@@ -49,15 +79,121 @@ class Needs:
         return cls(model=model, features=tuple(features))
 
 
-def serving(pools: Sequence[PoolView], needs: Needs) -> list[PoolView]:
-    """The pools that serve what the step asks for; none is bad input naming the field."""
-    left = list(pools)
+@dataclass(frozen=True)
+class Candidate:
+    pool_id: str
+    replica_id: str | None
+    eligible: bool
+    reason: str | None
+    free_slots: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "pool_id": self.pool_id,
+            "replica_id": self.replica_id,
+            "eligible": self.eligible,
+            "reason": self.reason,
+            "free_slots": self.free_slots,
+        }
+
+
+@dataclass(frozen=True)
+class Placed:
+    """Where a step goes and why: stored on the step (``placement_decision``)."""
+
+    rule: str  # auto | pin | affinity | replay
+    pool_id: str
+    candidates: tuple[Candidate, ...] = field(default=())
+
+    def as_dict(self, replica_id: str | None = None) -> dict[str, Any]:
+        return {
+            "rule": self.rule,
+            "tie_break": TIE_BREAK,
+            "chosen": {"pool_id": self.pool_id, "replica_id": replica_id},
+            "candidates": [c.as_dict() for c in self.candidates],
+        }
+
+
+def narration(decision: Mapping[str, Any]) -> str:
+    """What the step's stream says of its placement (``placement_decision`` as stored)."""
+    chosen = decision["chosen"]
+    where = f"{chosen['pool_id']}/{chosen['replica_id']}" if chosen.get("replica_id") else ""
+    n = len(decision.get("candidates") or ())
+    return f"placed on {where or chosen['pool_id']}: {n} candidates; chosen by {decision['rule']}"
+
+
+# A pool test: None when the pool passes, else why not.
+Check = Callable[[PoolView], str | None]
+
+
+def _form(placement: Any, pools: Sequence[PoolView], *, field: str) -> tuple[str, Check]:
+    """The placement's rule name and its test of a pool; an impossible placement (no such
+    pool, no pool matching) is bad input naming ``field``."""
+    if placement is None or placement == "auto":
+        return "auto", lambda _: None
+    if isinstance(placement, dict) and "pin" in placement:
+        wanted = placement["pin"]
+        if not any(p.pool_id == wanted for p in pools):
+            known = ", ".join(sorted(p.pool_id for p in pools))
+            raise InvalidParams(f"no pool {wanted!r} (pools: {known})", field=f"{field}.pin")
+        return "pin", lambda p: None if p.pool_id == wanted else f"not the pinned pool {wanted}"
+    if isinstance(placement, dict) and "affinity" in placement:
+        affinity = placement["affinity"]
+        check = _selector(affinity) if affinity_form(affinity) == "selector" else _tags(affinity)
+        if not any(check(p) is None for p in pools):
+            reasons = "; ".join(f"{p.pool_id}: {check(p)}" for p in pools)
+            what = "has all the tags" if affinity_form(affinity) == "map" else "matches"
+            raise InvalidParams(f"no pool {what} {affinity} ({reasons})", field=f"{field}.affinity")
+        return "affinity", check
+    raise InvalidParams('must be "auto", {"pin": pool_id} or {"affinity": {...}}', field=field)
+
+
+def _tags(wanted: Mapping[str, str]) -> Check:
+    def check(pool: PoolView) -> str | None:
+        differ = [f"{k}={pool.tags.get(k)!r}" for k, v in wanted.items() if pool.tags.get(k) != v]
+        return f"tags differ: {', '.join(differ)}" if differ else None
+
+    return check
+
+
+def _selector(selector: Mapping[str, Any]) -> Check:
+    tags = _tags(selector.get("tags") or {})
+    within: Mapping[str, list[str]] = selector.get("in") or {}
+    outside: Mapping[str, list[str]] = selector.get("not_in") or {}
+    min_vram = selector.get("min_vram_gib")
+    features: list[str] = selector.get("features") or []
+
+    def check(pool: PoolView) -> str | None:
+        if (why := tags(pool)) is not None:
+            return why
+        for tag, values in within.items():
+            if pool.tags.get(tag) not in values:
+                return f"{tag}={pool.tags.get(tag)!r} not in {values}"
+        for tag, values in outside.items():
+            if pool.tags.get(tag) in values:
+                return f"{tag}={pool.tags.get(tag)!r} in {values}"
+        if min_vram is not None and (pool.vram_gib or 0) < min_vram:
+            has = "no GPU declared" if pool.vram_gib is None else f"{pool.vram_gib} GiB"
+            return f"vram {has} < {min_vram} GiB"
+        lacking = [f for f in features if pool.features is not None and f not in pool.features]
+        return f"lacks {', '.join(lacking)}" if lacking else None
+
+    return check
+
+
+def _serving(pools: Sequence[PoolView], needs: Needs, rule_out: dict[str, str]) -> None:
+    """Rule out (``rule_out``: pool id -> reason) the pools not serving what the step asks
+    for, among those not ruled out yet; none left is bad input naming the field."""
+    left = [p for p in pools if p.pool_id not in rule_out]
     if needs.model is not None:
         model, field = needs.model
         serves = [p for p in left if not p.models or model in p.models]
         if not serves:
             served = ", ".join(f"{m} ({p.pool_id})" for p in left for m in sorted(p.models))
             raise InvalidParams(f"no pool serves model {model!r} (served: {served})", field=field)
+        for p in left:
+            if p not in serves:
+                rule_out[p.pool_id] = f"does not serve model {model}"
         left = serves
     for feature, field in needs.features:
         offer = [p for p in left if p.features is None or feature in p.features]
@@ -66,45 +202,63 @@ def serving(pools: Sequence[PoolView], needs: Needs) -> list[PoolView]:
             raise InvalidParams(
                 f"no pool that may take this step offers {feature} ({among})", field=field
             )
+        for p in left:
+            if p not in offer:
+                rule_out[p.pool_id] = f"lacks {feature}"
         left = offer
-    return left
+
+
+def decide(
+    placement: Any, pools: Sequence[PoolView], *, field: str, needs: Needs = Needs()
+) -> Placed:
+    """The pool the step goes to, with every candidate and why it was or was not eligible."""
+    rule, check = _form(placement, pools, field=field)
+    rule_out = {p.pool_id: why for p in pools if (why := check(p)) is not None}
+    _serving(pools, needs, rule_out)
+    candidates = tuple(
+        Candidate(
+            pool_id=p.pool_id,
+            replica_id=r.replica_id or None,
+            eligible=p.pool_id not in rule_out and r.state == READY,
+            reason=rule_out.get(p.pool_id) or (None if r.state == READY else r.state),
+            free_slots=r.free_slots,
+        )
+        for p in sorted(pools, key=lambda p: p.pool_id)
+        for r in p.candidates()
+    )
+    matching = [p for p in pools if p.pool_id not in rule_out]
+    if rule == "pin":  # honoured even when busy or down: the step waits in its queue
+        return Placed(rule, matching[0].pool_id, candidates)
+    ready = {c.pool_id for c in candidates if c.eligible}
+    if not ready:
+        raise PoolUnavailable(
+            "no eligible pool is ready",
+            details={"eligible": sorted(p.pool_id for p in matching)},
+            retry_after_ms=1000,
+        )
+    free = {p.pool_id: p.free_slots for p in matching}
+    chosen = min(ready, key=lambda pool_id: (-free[pool_id], pool_id))
+    return Placed(rule, chosen, candidates)
+
+
+def serving(pools: Sequence[PoolView], needs: Needs) -> list[PoolView]:
+    """The pools that serve what the step asks for; none is bad input naming the field."""
+    rule_out: dict[str, str] = {}
+    _serving(pools, needs, rule_out)
+    return [p for p in pools if p.pool_id not in rule_out]
 
 
 def eligible_pools(placement: Any, pools: Sequence[PoolView], *, field: str) -> list[PoolView]:
     """The pools ``placement`` allows; an impossible placement is bad input naming ``field``."""
-    if placement is None or placement == "auto":
-        return list(pools)
-    if isinstance(placement, dict) and "pin" in placement:
-        wanted = placement["pin"]
-        match = [p for p in pools if p.pool_id == wanted]
-        if not match:
-            known = ", ".join(sorted(p.pool_id for p in pools))
-            raise InvalidParams(f"no pool {wanted!r} (pools: {known})", field=f"{field}.pin")
-        return match
-    if isinstance(placement, dict) and "affinity" in placement:
-        tags: dict[str, str] = placement["affinity"]
-        match = [p for p in pools if all(p.tags.get(k) == v for k, v in tags.items())]
-        if not match:
-            raise InvalidParams(f"no pool has all the tags {tags}", field=f"{field}.affinity")
-        return match
-    raise InvalidParams('must be "auto", {"pin": pool_id} or {"affinity": {...}}', field=field)
+    _, check = _form(placement, pools, field=field)
+    return [p for p in pools if check(p) is None]
 
 
 def validate_placement(placement: Any, pools: Sequence[PoolView], *, field: str) -> None:
-    eligible_pools(placement, pools, field=field)
+    _form(placement, pools, field=field)
 
 
 def choose_pool(
     placement: Any, pools: Sequence[PoolView], *, field: str, needs: Needs = Needs()
 ) -> str:
-    eligible = serving(eligible_pools(placement, pools, field=field), needs)
-    if len(eligible) == 1 and isinstance(placement, dict) and "pin" in placement:
-        return eligible[0].pool_id
-    ready = [p for p in eligible if p.ready]
-    if not ready:
-        raise PoolUnavailable(
-            "no eligible pool is ready",
-            details={"eligible": sorted(p.pool_id for p in eligible)},
-            retry_after_ms=1000,
-        )
-    return min(ready, key=lambda p: (-p.free_slots, p.pool_id)).pool_id
+    return decide(placement, pools, field=field, needs=needs).pool_id

@@ -259,6 +259,9 @@ class Dispatcher:
         transition(step, StepStatus.RUNNING)
         self.leases.grant(step)
         step.replica_id = replica.replica_id
+        if (decision := step.placement_decision) is not None:  # the replica it runs on
+            chosen = {**decision["chosen"], "replica_id": replica.replica_id}
+            step.placement_decision = {**decision, "chosen": chosen}
 
     def begin(self, claimed: ClaimedStep) -> None:
         self._start([claimed])

@@ -28,6 +28,7 @@ from orchestratord.metrics import Metrics
 from orchestratord.pools.config import load_pools_file, local_pool
 from orchestratord.pools.registry import PoolRegistry, build_registry
 from orchestratord.pools.sessions import RunSessions
+from orchestratord.pools.slots import Slots
 from orchestratord.prices import PriceBook
 from orchestratord.reaper import LeaseKeeper
 from orchestratord.scrubbing import scrubber_for
@@ -135,6 +136,7 @@ class Orchestrator:
             metrics=self.metrics,
             scrubber=self.scrubber,
         )
+        self.pools.watch_breakers(self.services.engine_breakers)
         dispatch = settings.dispatch
         self.leases = LeaseTerms.for_process(
             settings.instance,
@@ -184,6 +186,7 @@ class Orchestrator:
         if self.wakeups is not None:
             await self.wakeups.start()
         await self.pools.refresh()
+        await self._read_drains()
         self.writer.start()
         self.dispatcher.start()
         self.keeper.start()
@@ -285,6 +288,12 @@ class Orchestrator:
             await asyncio.sleep(self.settings.health_interval_s)
             try:
                 await self.pools.refresh()
+                await self._read_drains()  # (claims read them too, under the pool's lock)
             except Exception:
                 log.exception("pool health refresh failed")
             self.dispatcher.wake()
+
+    async def _read_drains(self) -> None:
+        """The replicas an operator drained, through this process or another."""
+        async with self.db.read() as session:
+            self.pools.saw_draining(await Slots.draining(session))

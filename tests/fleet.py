@@ -34,16 +34,24 @@ class Fleet:
     """orchestratord processes named ``p0``, ``p1``...: started, killed, restarted."""
 
     def __init__(
-        self, tmp: Path, db_url: str, engine_url: str, *, slots: int = 16, **env: str
+        self,
+        tmp: Path,
+        db_url: str,
+        engine_url: str,
+        *,
+        slots: int = 16,
+        replicas: tuple[str, ...] = ("f1",),
+        **env: str,
     ) -> None:
         self.tmp = tmp
         self.db_url = db_url
         pools = tmp / "pools.yaml"
-        pools.write_text(
-            "pools:\n  - pool_id: gpu\n    engine: openai\n    replicas:\n"
-            f"      - {{replica_id: f1, url: '{engine_url}/v1', model: fake-model,"
+        lines = "".join(
+            f"      - {{replica_id: {r}, url: '{engine_url}/v1', model: fake-model,"
             f" slots: {slots}}}\n"
+            for r in replicas
         )
+        pools.write_text("pools:\n  - pool_id: gpu\n    engine: openai\n    replicas:\n" + lines)
         prices = tmp / "prices"
         prices.mkdir(exist_ok=True)
         (prices / "2026-01-01.yaml").write_text(
@@ -110,10 +118,16 @@ def fresh_database() -> Iterator[str]:
 
 @contextlib.asynccontextmanager
 async def fleet_on(
-    db_url: str, tmp: Path, fake: FakeState, *, slots: int = 16, **env: str
+    db_url: str,
+    tmp: Path,
+    fake: FakeState,
+    *,
+    slots: int = 16,
+    replicas: tuple[str, ...] = ("f1",),
+    **env: str,
 ) -> AsyncIterator[tuple[Fleet, asyncpg.Connection]]:
     async with serve_app(create_fake_openai(fake)) as engine_url:
-        fleet = Fleet(tmp, db_url, engine_url, slots=slots, **env)
+        fleet = Fleet(tmp, db_url, engine_url, slots=slots, replicas=replicas, **env)
         try:
             await fleet.start("p0")  # migrates the fresh database first
             conn = await asyncpg.connect(db_url.replace("+asyncpg", ""))
@@ -140,7 +154,9 @@ async def submit(c: httpx.AsyncClient, run_id: str, prompt: str, max_tokens: int
 
 
 async def new_run(c: httpx.AsyncClient) -> str:
-    flow = (await c.post("/v1/flows", json={"ast": {"p": "scale"}})).json()
+    r = await c.post("/v1/flows", json={"ast": {"p": "scale"}})
+    assert r.status_code in (200, 201), r.text
+    flow = r.json()
     r = await c.post(f"/v1/flows/{flow['flow_id']}/runs", json={"seed": 1})
     assert r.status_code == 201, r.text
     return str(r.json()["run_id"])

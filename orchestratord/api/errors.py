@@ -9,7 +9,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from contracts.bounds import UNSTORABLE
-from contracts.common import PLACEMENT_TAGS
+from contracts.common import AFFINITY_TAGS, PLACEMENT_TAGS
 from contracts.steps import STEP_TYPES
 from orchestrator_core import errors as E
 from orchestrator_core.admission import AdmissionReject, QueueFullDropLru
@@ -62,11 +62,12 @@ REFUSALS = (
 _TAG_ERRORS = frozenset({"union_tag_invalid", "union_tag_not_found"})
 # A union told apart by a tag puts the tag in an error's path, where the client wrote none: a
 # step's kind after the body (body.llm_call.input), a placement's form after its field
-# (placement.pin.pin). The tag is left out of the field named.
+# (placement.pin.pin), an affinity's form after it. The tag is left out of the field named.
 _TAGS_AFTER: dict[str, frozenset[str]] = {
     "body": frozenset(STEP_TYPES),
     "placement": PLACEMENT_TAGS,
     "pool_policy": PLACEMENT_TAGS,
+    "affinity": AFFINITY_TAGS,
 }
 _HTTP_CODES = {404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED", 400: "INVALID_PARAMS"}
 

@@ -217,3 +217,13 @@ class KeyUsage(Base):
     minute: Mapped[int] = mapped_column(sa.BigInteger, primary_key=True, autoincrement=False)
     requests: Mapped[int] = mapped_column(sa.BigInteger, default=0)
     tokens: Mapped[int] = mapped_column(sa.BigInteger, default=0)
+
+
+class ReplicaState(Base):
+    """An operator's word on a replica, shared by every process: draining (no new steps)."""
+
+    __tablename__ = "replica_states"
+    pool_id: Mapped[str] = mapped_column(sa.String(128), primary_key=True)
+    replica_id: Mapped[str] = mapped_column(sa.String(128), primary_key=True)
+    draining: Mapped[bool] = mapped_column(sa.Boolean)
+    updated_at: Mapped[datetime] = mapped_column(Ts)

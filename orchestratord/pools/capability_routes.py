@@ -29,29 +29,26 @@ def _snapshot(orch: Orchestrator, response: Response) -> CapabilitySnapshot:
     )
 
 
-@router.get(
-    "/v1/capabilities",
-    dependencies=[READ],
-    response_model=CapabilitySnapshot,
-    response_model_exclude_none=True,
-    tags=["pools"],
-    summary="The capability snapshot: models, workloads, limits and GPUs of the pools",
-)
 async def get_capabilities(
     response: Response, orch: Orchestrator = Depends(orchestrator)
 ) -> CapabilitySnapshot:
     return _snapshot(orch, response)
 
 
-@router.get(
-    "/capabilities",
-    dependencies=[READ],
-    response_model=CapabilitySnapshot,
-    response_model_exclude_none=True,
-    tags=["pools"],
-    summary="The capability snapshot, at the path the nrv CLI reads",
-)
-async def get_capabilities_for_cli(
-    response: Response, orch: Orchestrator = Depends(orchestrator)
-) -> CapabilitySnapshot:
-    return _snapshot(orch, response)
+for _path, _summary in (
+    (
+        "/v1/capabilities",
+        "The capability snapshot: models, workloads, limits and GPUs of the pools",
+    ),
+    ("/capabilities", "The capability snapshot, at the path the nrv CLI reads"),
+):
+    router.add_api_route(
+        _path,
+        get_capabilities,
+        methods=["GET"],
+        dependencies=[READ],
+        response_model=CapabilitySnapshot,
+        response_model_exclude_none=True,
+        tags=["pools"],
+        summary=_summary,
+    )

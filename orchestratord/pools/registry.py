@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from contracts.records import PoolOut, ReplicaOut
+from orchestrator_core.breakers import BreakerBoard
 from orchestrator_core.errors import NotFound
 from orchestrator_core.generation import LlmInput
-from orchestrator_core.placement import PoolView
+from orchestrator_core.placement import READY, PoolView, ReplicaView
 from orchestrator_core.pricing import Price
 from orchestrator_core.replay import EngineIdentity
 from orchestratord.engine_requests import generation_request
@@ -37,6 +40,9 @@ class Replica:
     capabilities: dict[str, Any] = field(default_factory=dict)
     gpu: GpuSpec | None = None  # declared in the pools file
     gpu_ids: tuple[str, ...] = ()  # one per GPU: <pool_id>/<replica_id>/gpu<N>
+    draining: bool = False  # an operator's: no new steps, running ones finish
+    # whether its circuit breaker fails calls fast now (the runtime's engine breakers)
+    breaker_open: Callable[[], bool] = field(default=lambda: False)
 
     @property
     def vram_gib(self) -> int | None:
@@ -44,13 +50,23 @@ class Replica:
         return None if self.gpu is None else self.gpu.vram_gib
 
     @property
+    def state(self) -> str:
+        """Whether it takes steps now: ready | unready | draining | breaker_open."""
+        if not self.health.ready:
+            return "unready"
+        if self.draining:
+            return "draining"
+        return "breaker_open" if self.breaker_open() else READY
+
+    @property
     def free(self) -> int:
-        return max(0, self.slots - self.busy - self.others) if self.health.ready else 0
+        return max(0, self.slots - self.busy - self.others) if self.state == READY else 0
 
     @property
     def full_here(self) -> bool:
-        """Every slot is held by this process: full whatever the others hold."""
-        return self.busy >= self.slots or not self.health.ready
+        """Every slot is held by this process, or it takes no steps: full whatever the
+        other processes hold."""
+        return self.busy >= self.slots or self.state != READY
 
 
 @dataclass
@@ -134,6 +150,11 @@ class Pool:
         for replica in self.replicas:
             replica.others = max(0, held.get(replica.replica_id, 0) - replica.busy)
 
+    def saw_draining(self, drained: set[str]) -> None:
+        """The replicas an operator drained, as the database says."""
+        for replica in self.replicas:
+            replica.draining = replica.replica_id in drained
+
     @property
     def full_here(self) -> bool:
         return all(r.full_here for r in self.replicas)
@@ -171,6 +192,7 @@ class Pool:
                     slots=r.slots,
                     busy=r.busy + r.others,
                     free=r.free,
+                    state=r.state,
                     capabilities=replica_capabilities(r),
                     health={
                         "live": r.health.live,
@@ -184,14 +206,25 @@ class Pool:
 
     def placement_view(self) -> PoolView:
         """What placement reads of the pool (orchestrator_core.placement)."""
+        replicas = tuple(
+            ReplicaView(replica_id=r.replica_id, free_slots=r.free, state=r.state)
+            for r in self.replicas
+        )
         return PoolView(
             pool_id=self.pool_id,
             tags=self.tags,
-            ready=self.ready,
+            ready=any(r.state == READY for r in replicas),
             free_slots=self.free_slots,
             models=self.models,
             features=self.features,
+            replicas=replicas,
+            vram_gib=self.vram_gib,
         )
+
+    @staticmethod
+    def breaker_target(pool_id: str, replica_id: str) -> str:
+        """The name of a replica's circuit breaker."""
+        return f"replica:{pool_id}/{replica_id}"
 
     def load(self) -> dict[str, int]:
         busy = sum(r.busy + r.others for r in self.replicas)
@@ -211,6 +244,18 @@ class PoolRegistry:
         if pool is None:
             raise NotFound("pool", pool_id)
         return pool
+
+    def saw_draining(self, drained: set[tuple[str, str]]) -> None:
+        """The (pool, replica) pairs an operator drained, as the database says."""
+        for pool in self.pools.values():
+            pool.saw_draining({r for p, r in drained if p == pool.pool_id})
+
+    def watch_breakers(self, board: BreakerBoard) -> None:
+        """Replicas whose breaker fails calls fast take no steps (``Replica.state``)."""
+        for pool in self.pools.values():
+            for replica in pool.replicas:
+                target = Pool.breaker_target(pool.pool_id, replica.replica_id)
+                replica.breaker_open = functools.partial(board.is_open, target)
 
     def views(self) -> list[PoolView]:
         return [p.placement_view() for p in self.pools.values()]

@@ -125,6 +125,7 @@ def step_view(step: Step) -> dict[str, Any]:
         "max_tokens_granted": step.max_tokens_granted,
         "budget_clamped": step.budget_clamped,
         "policy_decision": step.policy_decision,
+        "placement_decision": step.placement_decision,
     }
 
 

@@ -63,11 +63,11 @@ def test_serve_streams_over_a_socket(server: str) -> None:
     assert "cache-control: no-cache" in head.lower()
     assert "x-correlation-id:" in head.lower()
     events, _ = parse_sse(body)
-    assert [e.event for e in events] == ["started"] + ["token"] * 40 + ["end"]
+    assert [e.event for e in events] == ["started", "narration"] + ["token"] * 40 + ["end"]
     end = events[-1].data
     assert end is not None and end["provenance"]["tokens_out"] == 40
     # resume over the socket
-    _, tail = _raw_sse(port, f"/v1/steps/{step['step_id']}/stream", "Last-Event-ID: 39\r\n")
+    _, tail = _raw_sse(port, f"/v1/steps/{step['step_id']}/stream", "Last-Event-ID: 40\r\n")
     resumed, _ = parse_sse(tail)
-    assert [e.id for e in resumed] == ["40", "41"]
+    assert [e.id for e in resumed] == ["41", "42"]
     assert orjson.loads(orjson.dumps(resumed[-1].data)) == end

@@ -22,6 +22,13 @@ from tests.helpers import make_run, submit, wait_status
 OPEN = {"/healthz"}
 
 
+ADMIN_ROUTES = {
+    "/v1/runs:import",
+    "/v1/pools/{pool_id}/replicas/{replica_id}/drain",
+    "/v1/pools/{pool_id}/replicas/{replica_id}/undrain",
+}
+
+
 def _routes() -> list[APIRoute]:
     app = create_app(Settings(database_url="sqlite:///unused.db"))
     return list(api_routes(app.routes))
@@ -37,8 +44,8 @@ def test_every_route_declares_its_scope() -> None:
             continue
         assert scope is not None, f"{route.path} declares no scope"
         methods = route.methods or set()
-        if route.path == "/v1/runs:import":
-            assert scope is Scope.ADMIN
+        if route.path in ADMIN_ROUTES:
+            assert scope is Scope.ADMIN, route.path
         elif methods <= {"GET", "HEAD"}:
             assert scope is Scope.READ, route.path
         else:

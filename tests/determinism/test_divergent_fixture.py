@@ -68,7 +68,7 @@ async def test_strict_replay_of_the_divergent_fixture_reports_exactly(
     assert _placeholders(report, replay_steps) == _load("divergent_report.json")
     # the stream of the diverged step: the agreeing prefix, then the error with the report
     events = await read_stream(live, f"/v1/steps/{replay_steps[1]}/stream")
-    assert [e.event for e in events] == ["started"] + ["token"] * 5 + ["error"]
+    assert [e.event for e in events] == ["started", "narration"] + ["token"] * 5 + ["error"]
     assert (
         events[-1].data
         and events[-1].data["details"]["divergence"] == (report["steps"][1]["divergence"])

@@ -124,3 +124,50 @@ async def test_a_slot_held_in_another_process_is_not_taken_until_its_step_ends(
             )
         step = await wait_status(c, second, "succeeded")
         assert step["replica_id"] == "r0"
+
+
+@pytest.mark.slow
+async def test_a_drain_through_one_process_holds_in_every_process(
+    fresh_db: str, tmp_path: Path
+) -> None:
+    """Drained through p0, replica f1 takes no new step from p1 (its running one finishes);
+    undrained through p1, p0's steps run there again."""
+    fake = FakeState(faults=Faults(token_delay_s=0.01))
+    async with fleet_on(fresh_db, tmp_path, fake, slots=2, replicas=("f1", "f2")) as (fleet, _):
+        await fleet.start("p1")
+        p0, p1 = (httpx.AsyncClient(base_url=u, timeout=30) for u in fleet.urls.values())
+        try:
+            run_id = await new_run(p0)
+            long = await submit(p0, run_id, "runs through the drain", 100)
+            running = await wait_running(p0, long)
+            r = await p0.post(f"/v1/pools/gpu/replicas/{running['replica_id']}/drain")
+            assert r.status_code == 200, r.text
+            drained = running["replica_id"]
+            other = "f2" if drained == "f1" else "f1"
+            steps = await asyncio.gather(*(submit(p1, run_id, f"after {i}", 10) for i in range(6)))
+            ended = [await wait_terminal(p1, s, 60) for s in steps]
+            assert {s["replica_id"] for s in ended} == {other}
+            replicas = (await p1.get("/v1/pools/gpu")).json()["replicas"]
+            seen = {x["replica_id"]: x["state"] for x in replicas}
+            assert seen == {drained: "draining", other: "ready"}
+            assert (await wait_terminal(p0, long, 60))["status"] == "succeeded"
+
+            assert (await p1.post(f"/v1/pools/gpu/replicas/{drained}/undrain")).status_code == 200
+            steps = await asyncio.gather(*(submit(p0, run_id, f"again {i}", 10) for i in range(8)))
+            ended = [await wait_terminal(p0, s, 60) for s in steps]
+            assert {s["status"] for s in ended} == {"succeeded"}
+            assert {s["replica_id"] for s in ended} == {"f1", "f2"}  # 8 steps, 2 x 2 slots
+        finally:
+            await p0.aclose()
+            await p1.aclose()
+    assert fake.peak_active <= 4
+
+
+async def wait_running(c: httpx.AsyncClient, step_id: str) -> dict[str, Any]:
+    from tests.fleet import on_commits
+
+    async def running() -> dict[str, Any] | None:
+        body: dict[str, Any] = (await c.get(f"/v1/steps/{step_id}")).json()
+        return body if body["status"] == "running" else None
+
+    return await on_commits(running, 30, f"step {step_id} running")

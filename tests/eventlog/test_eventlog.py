@@ -31,10 +31,10 @@ async def test_concurrent_steps_and_facts_keep_both_logs_gap_free(
         await wait_status(client, sid, "succeeded")
     rows = await stored_events(orch.db, run_id=run_id)
     assert [r.run_seq for r in rows] == list(range(len(rows)))
-    assert len(rows) == 12 * 52 + 10
+    assert len(rows) == 12 * 53 + 10  # started, where it was placed, 50 tokens, end
     for sid in step_ids:
         seqs = [r.seq for r in rows if r.step_id == sid]
-        assert seqs == list(range(52))  # in run order too: a step's events never reorder
+        assert seqs == list(range(53))  # in run order too: a step's events never reorder
 
 
 async def test_writer_groups_commits(client: httpx.AsyncClient, orch: Orchestrator) -> None:
@@ -46,7 +46,7 @@ async def test_writer_groups_commits(client: httpx.AsyncClient, orch: Orchestrat
     ]
     for sid in ids:
         await wait_status(client, sid, "succeeded")
-    events = 8 * 202
+    events = 8 * 203
     assert orch.writer.commits - before < events / 4  # many events per transaction
 
 
@@ -122,8 +122,8 @@ async def test_many_runs_in_one_commit_keep_their_own_cursors(
         await wait_status(client, r.json()["step_id"], "succeeded")
     for run_id in runs:
         seqs = [ev.run_seq for ev in await stored_events(orch.db, run_id=run_id)]
-        assert seqs == list(range(42))
-    assert orch.writer.commits - before < 6 * 42  # runs shared commits
+        assert seqs == list(range(43))  # started, where it was placed, 40 tokens, end
+    assert orch.writer.commits - before < 6 * 43  # runs shared commits
 
 
 async def test_a_log_that_cannot_be_written_ends_the_step(
@@ -177,7 +177,7 @@ async def test_a_step_whose_events_cannot_be_written_fails_alone(
     for step_id in rest:
         assert (await wait_status(client, step_id, "failed", "succeeded"))["status"] == "succeeded"
         rows = await stored_events(orch.db, step_id=step_id)
-        assert [r.seq for r in rows] == list(range(202))
+        assert [r.seq for r in rows] == list(range(203))
 
 
 async def test_token_events_share_rows_and_resume_at_any_token(
@@ -191,22 +191,22 @@ async def test_token_events_share_rows_and_resume_at_any_token(
     step_id = (await submit(client, run_id, max_tokens=120)).json()["step_id"]
     await wait_status(client, step_id, "succeeded")
     events = await stored_events(orch.db, step_id=step_id)
-    assert [ev.seq for ev in events] == list(range(122))
+    assert [ev.seq for ev in events] == list(range(123))
     async with orch.db.read() as s:
         rows = (await s.execute(sa.select(Event.span).where(Event.step_id == step_id))).all()
     assert len(rows) < len(events) / 4 and max(r.span for r in rows) > 1
-    for cursor in range(123):
+    for cursor in range(124):
         got = await read_step_events(orch.db, step_id, cursor, 500)
-        assert [ev.seq for ev in got] == list(range(cursor, 122))
+        assert [ev.seq for ev in got] == list(range(cursor, 123))
         assert [ev.data for ev in got] == [ev.data for ev in events[cursor:]]
-    for cursor in range(0, 123, 7):
+    for cursor in range(0, 124, 7):
         got = await read_run_events(orch.db, run_id, cursor, 500)
-        assert [ev.run_seq for ev in got] == list(range(cursor, 122))
+        assert [ev.run_seq for ev in got] == list(range(cursor, 123))
     # the stream resumes inside a row, with the same bytes as a live reader saw
-    for after in (5, 60, 119):
+    for after in (5, 60, 120):
         r = await client.get(f"/v1/steps/{step_id}/stream", headers={"Last-Event-ID": str(after)})
         ids = [int(line[4:]) for line in r.text.splitlines() if line.startswith("id: ")]
-        assert ids == list(range(after + 1, 122))
+        assert ids == list(range(after + 1, 123))
 
 
 async def test_rows_hold_at_most_max_span_and_keep_interleaved_steps_apart(

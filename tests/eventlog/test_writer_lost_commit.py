@@ -81,7 +81,7 @@ async def test_a_round_whose_connection_was_lost_is_in_the_log_once(
     lost = _lose_once(monkeypatch, after_commit=after_commit)
     run_id = await make_run(client)
     before = len(await stored_events(orch.db, run_id=run_id))
-    run_follower = asyncio.create_task(read_run_stream(live, run_id, before + TOKENS + 2))
+    run_follower = asyncio.create_task(read_run_stream(live, run_id, before + TOKENS + 3))
     await asyncio.sleep(0.05)  # the run's stream is open: it follows live
     step_id = (await submit(client, run_id, max_tokens=TOKENS)).json()["step_id"]
     events = await read_stream(client, f"/v1/steps/{step_id}/stream")
@@ -92,11 +92,11 @@ async def test_a_round_whose_connection_was_lost_is_in_the_log_once(
     assert step["status"] == "succeeded", step.get("error")
     assert not orch.writer.failed_steps
     assert [e.event for e in events][-1] == "end"
-    assert [int(e.id or -1) for e in events] == list(range(TOKENS + 2))
+    assert [int(e.id or -1) for e in events] == list(range(TOKENS + 3))
     assert [e.data["i"] for e in events if e.event == "token" and e.data] == list(range(TOKENS))
 
     stored = await stored_events(orch.db, step_id=step_id)
-    assert [ev.seq for ev in stored] == list(range(TOKENS + 2))
+    assert [ev.seq for ev in stored] == list(range(TOKENS + 3))
     in_run = await stored_events(orch.db, run_id=run_id)
     assert [ev.run_seq for ev in in_run] == list(range(len(in_run)))
     # the run's live stream: each event once, at the cursor the log holds it at
@@ -106,7 +106,7 @@ async def test_a_round_whose_connection_was_lost_is_in_the_log_once(
         for e in run_events
         if e.data is not None and e.data.get("step_id") == step_id
     ]
-    assert [seq for _, seq in followed] == list(range(TOKENS + 2))
+    assert [seq for _, seq in followed] == list(range(TOKENS + 3))
     for cursor, seq in followed:
         assert by_cursor[cursor] == (step_id, seq)
     assert _handed_on(caplog, run_id) == [(ev.run_seq, ev.type) for ev in in_run]

@@ -103,8 +103,8 @@ async def test_faults_end_in_typed_errors(
     step = await wait_status(rig.client, step_id, "failed")
     events = await read_stream(rig.client, f"/v1/steps/{step_id}/stream")
     assert [e.id for e in events] == [str(i) for i in range(len(events))]
-    assert events[0].event == "started"
-    assert [e.event for e in events[1:-1]] == ["token"] * tokens_before
+    assert [e.event for e in events[:2]] == ["started", "narration"]  # where it was placed
+    assert [e.event for e in events[2:-1]] == ["token"] * tokens_before
     err = events[-1]
     assert err.event == "error" and err.data is not None
     assert err.data["code"] == code and err.data["retriable"] is retriable

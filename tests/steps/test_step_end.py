@@ -146,11 +146,14 @@ def _endings(n: int) -> list[Ending]:
 
 
 async def _state(client: httpx.AsyncClient, step_ids: list[str], run_ids: list[str]) -> object:
-    """What the steps' and runs' views show, but their ids and times."""
+    """What the steps' and runs' views show, but their ids and times, and the load their
+    placement saw (the free slots of when each was submitted)."""
     steps = [(await client.get(f"/v1/steps/{s}")).json() for s in step_ids]
     for step in steps:
         for key in ("step_id", "run_id", "client_token", "ended_at", "started_at", "created_at"):
             step.pop(key, None)
+        for candidate in step["placement_decision"]["candidates"]:
+            candidate.pop("free_slots")
     runs = [(await client.get(f"/v1/runs/{r}")).json() for r in run_ids]
     return steps, [(r["usage"], r["reserved"]) for r in runs]
 

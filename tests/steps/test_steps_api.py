@@ -262,13 +262,21 @@ async def test_unknown_step_and_run(client: httpx.AsyncClient) -> None:
 @pytest.mark.parametrize(
     ("placement", "field", "message"),
     [
-        ("nearest", "placement", 'must be "auto", {"pin": pool_id} or {"affinity": {tag: value}}'),
+        (
+            "nearest",
+            "placement",
+            'must be "auto", {"pin": pool_id} or {"affinity": {tag: value} or a selector}',
+        ),
         ({"pool": "a"}, "placement", 'must be "auto", {"pin": pool_id} or {"affinity":'),
         (7, "placement", "must be"),
         ({"pin": 5}, "placement.pin", "valid string"),
         ({"pin": ""}, "placement.pin", "at least 1 character"),
         ({"pin": "a", "x": 1}, "placement.x", "Extra inputs"),
         ({"affinity": {"gpu": 1}}, "placement.affinity.gpu", "valid string"),
+        ({"affinity": {"in": {"region": "eu"}}}, "placement.affinity.in.region", "valid list"),
+        ({"affinity": {"min_vram_gib": 0}}, "placement.affinity.min_vram_gib", "greater than"),
+        ({"affinity": {"tags": {}, "near": 1}}, "placement.affinity.near", "Extra inputs"),
+        ({"affinity": 3}, "placement.affinity", 'must be {tag: value} or a selector {"tags"'),
     ],
 )
 async def test_a_malformed_placement_is_refused_once_naming_what_it_accepts(

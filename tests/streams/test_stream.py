@@ -186,21 +186,21 @@ async def test_run_stream_carries_steps_and_facts(live: httpx.AsyncClient) -> No
     await live.post(f"/v1/runs/{run_id}/facts", json={"type": "note", "data": {"x": 1}})
     b = (await submit(live, run_id, token="b", max_tokens=5)).json()["step_id"]
     await wait_status(live, b, "succeeded")
-    expected = 7 + 1 + 7
+    expected = 8 + 1 + 8  # each step: started, where it was placed, 5 tokens, end
     got = await read_run_stream(live, run_id, expected)
     assert [e.id for e in got] == [str(i) for i in range(expected)]
-    assert [e.event for e in got][7] == "fact"
-    assert got[7].data and got[7].data["data"] == {"x": 1}
+    assert [e.event for e in got][8] == "fact"
+    assert got[8].data and got[8].data["data"] == {"x": 1}
     assert {e.data["step_id"] for e in got if e.data and e.event != "fact"} == {a, b}
-    # resume the run stream after cursor 7
-    async with live.stream("GET", f"/v1/runs/{run_id}/stream", headers={"Last-Event-ID": "7"}) as r:
+    # resume the run stream after cursor 8
+    async with live.stream("GET", f"/v1/runs/{run_id}/stream", headers={"Last-Event-ID": "8"}) as r:
         buf = ""
         async for chunk in r.aiter_text():
             buf += chunk
             tail, _ = parse_sse(buf)
-            if len(tail) >= 7:
+            if len(tail) >= 8:
                 break
-    assert [e.id for e in tail] == [str(i) for i in range(8, 15)]
+    assert [e.id for e in tail] == [str(i) for i in range(9, 17)]
 
 
 class _serve:
@@ -244,7 +244,8 @@ async def test_a_queued_step_is_told_where_it_waits(db_url: str) -> None:
         await live.post(f"/v1/steps/{busy}/cancel")
         await wait_status(live, queued, "succeeded")
         events = await read_stream(live, f"/v1/steps/{queued}/stream")
-        assert "narration" not in [e.event for e in events]  # the log has none of it
+        told = [e.data["text"] for e in events if e.event == "narration" and e.data]
+        assert told == ["placed on local/r0: 1 candidates; chosen by auto"]  # no queue place
 
 
 async def test_a_quiet_stream_of_a_step_running_here_reads_no_queue_place(
@@ -280,7 +281,10 @@ async def test_long_engine_steps_report_metrics_at_most_once_a_second(db_url: st
         events = await read_stream(live, f"/v1/steps/{step_id}/stream")
         kinds = [e.event for e in events]
         narration = [e.data["text"] for e in events if e.event == "narration" and e.data]
-        assert narration == ["max_tokens clamped from 200 to 150 by the budget"]
+        assert narration == [
+            "placed on local/r0: 1 candidates; chosen by auto",
+            "max_tokens clamped from 200 to 150 by the budget",
+        ]
         metrics = [e.data for e in events if e.event == "metrics" and e.data]
         seconds = step["provenance"]["decode_time_ms"] / 1000
         assert 1 <= len(metrics) <= seconds + 1

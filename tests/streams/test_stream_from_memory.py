@@ -53,8 +53,9 @@ async def test_a_step_submitted_here_streams_without_reading_the_log(
     for i in range(5):
         step_id = (await submit(live, run_id, token=f"t{i}", max_tokens=3)).json()["step_id"]
         events = await read_stream(live, f"/v1/steps/{step_id}/stream")
-        assert [e.event for e in events] == ["started", "token", "token", "token", "end"]
-        assert [e.id for e in events] == ["0", "1", "2", "3", "4"]
+        kinds = ["started", "narration", "token", "token", "token", "end"]
+        assert [e.event for e in events] == kinds
+        assert [e.id for e in events] == ["0", "1", "2", "3", "4", "5"]
     assert reads.seen == []
 
 
@@ -65,10 +66,10 @@ async def test_an_ended_step_streams_from_memory_and_a_resume_past_its_end_ends(
     step_id = (await submit(live, run_id, max_tokens=2)).json()["step_id"]
     await wait_status(live, step_id, "succeeded")
     events = await read_stream(live, f"/v1/steps/{step_id}/stream")
-    assert [e.id for e in events] == ["0", "1", "2", "3"]
-    resumed = await read_stream(live, f"/v1/steps/{step_id}/stream", {"Last-Event-ID": "1"})
-    assert [e.id for e in resumed] == ["2", "3"]
-    assert await read_stream(live, f"/v1/steps/{step_id}/stream", {"Last-Event-ID": "3"}) == []
+    assert [e.id for e in events] == ["0", "1", "2", "3", "4"]
+    resumed = await read_stream(live, f"/v1/steps/{step_id}/stream", {"Last-Event-ID": "2"})
+    assert [e.id for e in resumed] == ["3", "4"]
+    assert await read_stream(live, f"/v1/steps/{step_id}/stream", {"Last-Event-ID": "4"}) == []
     assert reads.seen == []
 
 
@@ -81,8 +82,8 @@ async def test_a_long_step_that_ended_before_its_stream_opened_streams_from_memo
     step_id = (await submit(live, run_id, max_tokens=200)).json()["step_id"]
     await wait_status(live, step_id, "succeeded")
     events = await read_stream(live, f"/v1/steps/{step_id}/stream")
-    assert [e.event for e in events] == ["started", *["token"] * 200, "end"]
-    assert [e.id for e in events] == [str(i) for i in range(202)]
+    assert [e.event for e in events] == ["started", "narration", *["token"] * 200, "end"]
+    assert [e.id for e in events] == [str(i) for i in range(203)]
     assert reads.seen == []
 
 
@@ -95,7 +96,7 @@ async def test_a_step_the_hub_no_longer_holds_is_read_from_the_log(
     orch.hub.forget_step(step_id)
     assert orch.hub.known_step(step_id) is None
     events = await read_stream(live, f"/v1/steps/{step_id}/stream")
-    assert [e.id for e in events] == ["0", "1", "2", "3"]
+    assert [e.id for e in events] == ["0", "1", "2", "3", "4"]
     assert reads.seen  # the row and the log were read
     missing = await live.get("/v1/steps/step_nope/stream")
     assert missing.status_code == 404

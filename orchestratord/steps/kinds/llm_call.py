@@ -39,6 +39,7 @@ from orchestrator_core.breakers import CircuitBreaker
 from orchestrator_core.errors import CircuitOpen
 from orchestrator_core.generation import LlmInput, llm_input_of
 from orchestrator_core.lifecycle import StepStatus
+from orchestrator_core.placement import narration as placement_narration
 from orchestrator_core.policy import PolicySubject, StreamRedactor
 from orchestrator_core.replay import ReplayDiverged, StepKey, StreamComparator
 from orchestratord import tracing
@@ -146,7 +147,7 @@ class _LlmRun:
         self.price = ctx.price
         self.granted = 0
         self.breaker: CircuitBreaker = ctx.services.engine_breakers.get(
-            f"replica:{self.pool.pool_id}/{self.replica.replica_id}"
+            self.pool.breaker_target(self.pool.pool_id, self.replica.replica_id)
         )
 
     async def run(self) -> Ending:
@@ -200,7 +201,8 @@ class _LlmRun:
         return StreamComparator(await load_recorded_stream(self.ctx.db, recorded))
 
     def _announce(self, determinism: dict[str, Any], model: str) -> None:
-        """``started``, and a narration when the model has no price."""
+        """``started``; narrations: where the step was placed and why, and when the model
+        has no price."""
         ctx, run = self.ctx, self.ctx.run
         ctx.emit(
             StartedEvent(
@@ -210,6 +212,8 @@ class _LlmRun:
                 replay_of=ctx.step.replay_of,
             )
         )
+        if (decision := ctx.step.placement_decision) is not None:
+            ctx.emit(NarrationEvent(text=placement_narration(decision)))
         if not self.price.priced:
             ctx.emit(
                 NarrationEvent(

@@ -16,6 +16,7 @@ from orchestrator_core.admission import PRIORITY_RANK, AdmissionPolicy
 from orchestrator_core.budgets import Ledger, Reservation, StepBudget
 from orchestrator_core.generation import LlmInput
 from orchestrator_core.lifecycle import StepStatus
+from orchestrator_core.placement import Placed
 from orchestrator_core.policy import Decision, PolicySubject
 from orchestrator_core.pricing import Price
 from orchestratord.db.models import Run, Step
@@ -117,6 +118,7 @@ class Submission:
     stored: dict[str, Any] = field(default_factory=dict)
     placement: Any = None
     pool_id: str | None = None
+    placed: Placed | None = None  # why the step goes to ``pool_id``
     target: ReplayTarget | None = None
     decision: Decision = field(init=False)
     llm: LlmInput | None = None
@@ -225,6 +227,7 @@ def build_step(sub: Submission, *, position: int, reservation: Reservation | Non
             cancel_requested=False,
             attempts=0,
             pool_id=sub.pool_id,
+            placement_decision=None if sub.placed is None else sub.placed.as_dict(),
             tokens_in=0,
             tokens_out=0,
             cost_usd=0.0,

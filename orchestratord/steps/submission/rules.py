@@ -20,7 +20,7 @@ from orchestrator_core.admission import PRIORITY_RANK, admit
 from orchestrator_core.canonical import sha256_of
 from orchestrator_core.errors import NotFound, PoolUnavailable, TooLarge
 from orchestrator_core.lifecycle import RunStatus, StepStatus, check_run_accepts_steps
-from orchestrator_core.placement import Needs, choose_pool
+from orchestrator_core.placement import Needs, Placed, decide
 from orchestrator_core.policy import Decision, PolicyDenied, PolicySubject, redact_json
 from orchestratord import tracing
 from orchestratord.db.models import Flow, Run
@@ -113,12 +113,13 @@ class Place:
         if run.mode == "record":
             if sub.kind.engine:
                 effective = sub.placement if sub.placement is not None else run.pool_policy
-                sub.pool_id = choose_pool(
+                sub.placed = decide(
                     effective,
                     sub.ctx.pools.views(),
                     field="placement" if sub.placement else "pool_policy",
                     needs=Needs.of(sub.kind.llm_input(sub.stored)),
                 )
+                sub.pool_id = sub.placed.pool_id
             return None
         if run.mode == "strict_replay" and not sub.sqlite:
             # it may go through admission: take that lock first, as record submissions do
@@ -130,6 +131,8 @@ class Place:
         check_run_accepts_steps(RunStatus(run.status))  # it may have been cancelled meanwhile
         sub.target = await replay_target(sub.session, run)
         sub.pool_id = sub.target.pool_id
+        if sub.pool_id is not None:  # where the recorded step ran
+            sub.placed = Placed("replay", sub.pool_id)
         return None
 
 
