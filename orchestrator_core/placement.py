@@ -86,6 +86,8 @@ class Candidate:
     eligible: bool
     reason: str | None
     free_slots: int
+    # why not, as a class (for metrics): placement | model | feature | a replica's state
+    cause: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -120,6 +122,15 @@ def narration(decision: Mapping[str, Any]) -> str:
     where = f"{chosen['pool_id']}/{chosen['replica_id']}" if chosen.get("replica_id") else ""
     n = len(decision.get("candidates") or ())
     return f"placed on {where or chosen['pool_id']}: {n} candidates; chosen by {decision['rule']}"
+
+
+def placement_rule(placement: Any) -> str:
+    """The rule a placement is written in: auto, pin or affinity (else ``invalid``)."""
+    if placement is None or placement == "auto":
+        return "auto"
+    if isinstance(placement, dict):
+        return next((form for form in ("pin", "affinity") if form in placement), "invalid")
+    return "invalid"
 
 
 # A pool test: None when the pool passes, else why not.
@@ -181,8 +192,8 @@ def _selector(selector: Mapping[str, Any]) -> Check:
     return check
 
 
-def _serving(pools: Sequence[PoolView], needs: Needs, rule_out: dict[str, str]) -> None:
-    """Rule out (``rule_out``: pool id -> reason) the pools not serving what the step asks
+def _serving(pools: Sequence[PoolView], needs: Needs, rule_out: dict[str, tuple[str, str]]) -> None:
+    """Rule out (``rule_out``: pool id -> (cause, reason)) the pools not serving what the step asks
     for, among those not ruled out yet; none left is bad input naming the field."""
     left = [p for p in pools if p.pool_id not in rule_out]
     if needs.model is not None:
@@ -193,7 +204,7 @@ def _serving(pools: Sequence[PoolView], needs: Needs, rule_out: dict[str, str]) 
             raise InvalidParams(f"no pool serves model {model!r} (served: {served})", field=field)
         for p in left:
             if p not in serves:
-                rule_out[p.pool_id] = f"does not serve model {model}"
+                rule_out[p.pool_id] = ("model", f"does not serve model {model}")
         left = serves
     for feature, field in needs.features:
         offer = [p for p in left if p.features is None or feature in p.features]
@@ -204,7 +215,7 @@ def _serving(pools: Sequence[PoolView], needs: Needs, rule_out: dict[str, str]) 
             )
         for p in left:
             if p not in offer:
-                rule_out[p.pool_id] = f"lacks {feature}"
+                rule_out[p.pool_id] = ("feature", f"lacks {feature}")
         left = offer
 
 
@@ -213,16 +224,10 @@ def decide(
 ) -> Placed:
     """The pool the step goes to, with every candidate and why it was or was not eligible."""
     rule, check = _form(placement, pools, field=field)
-    rule_out = {p.pool_id: why for p in pools if (why := check(p)) is not None}
+    rule_out = {p.pool_id: ("placement", why) for p in pools if (why := check(p)) is not None}
     _serving(pools, needs, rule_out)
     candidates = tuple(
-        Candidate(
-            pool_id=p.pool_id,
-            replica_id=r.replica_id or None,
-            eligible=p.pool_id not in rule_out and r.state == READY,
-            reason=rule_out.get(p.pool_id) or (None if r.state == READY else r.state),
-            free_slots=r.free_slots,
-        )
+        _candidate(p, r, rule_out.get(p.pool_id))
         for p in sorted(pools, key=lambda p: p.pool_id)
         for r in p.candidates()
     )
@@ -241,9 +246,23 @@ def decide(
     return Placed(rule, chosen, candidates)
 
 
+def _candidate(pool: PoolView, replica: ReplicaView, out: tuple[str, str] | None) -> Candidate:
+    """A replica as placement saw it: ruled out with its pool (``out``: cause, reason), or
+    by its own state, or eligible."""
+    cause, reason = out or ((None, None) if replica.state == READY else (replica.state,) * 2)
+    return Candidate(
+        pool_id=pool.pool_id,
+        replica_id=replica.replica_id or None,
+        eligible=cause is None,
+        reason=reason,
+        free_slots=replica.free_slots,
+        cause=cause,
+    )
+
+
 def serving(pools: Sequence[PoolView], needs: Needs) -> list[PoolView]:
     """The pools that serve what the step asks for; none is bad input naming the field."""
-    rule_out: dict[str, str] = {}
+    rule_out: dict[str, tuple[str, str]] = {}
     _serving(pools, needs, rule_out)
     return [p for p in pools if p.pool_id not in rule_out]
 

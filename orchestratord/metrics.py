@@ -150,6 +150,20 @@ class Metrics:
             ["pool", "replica"],
             registry=r,
         )
+        self.placement_decisions = Counter(
+            "orchestratord_placement_decisions",
+            "Placements of submitted engine steps by rule (auto, pin, affinity, replay) and"
+            " outcome (placed; refused: no pool matches or serves it; unavailable: none ready)",
+            ["rule", "outcome"],
+            registry=r,
+        )
+        self.placement_passed_over = Counter(
+            "orchestratord_placement_passed_over",
+            "Candidate replicas a placement left out, by cause (placement, model, feature,"
+            " unready, draining, breaker_open)",
+            ["cause"],
+            registry=r,
+        )
         self.writer_batch = Histogram(
             "orchestratord_event_writer_batch_events",
             "Events per event-log commit",

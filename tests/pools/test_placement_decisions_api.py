@@ -140,3 +140,37 @@ async def test_a_strict_replay_of_a_run_placed_by_selectors_is_identical(
         assert step["placement_decision"]["rule"] == "replay"
     report = (await client.get(f"/v1/runs/{replay}/replay-report")).json()
     assert report["diverged"] is False and report["counts"]["identical"] == 3, report
+
+
+def _counted(text: str, name: str) -> dict[str, float]:
+    """A counter's series from a /metrics text: labels as written -> value."""
+    out = {}
+    for line in text.splitlines():
+        if line.startswith(name + "{"):
+            labels, value = line[len(name) :].rsplit(" ", 1)
+            out[labels] = float(value)
+    return out
+
+
+async def test_placements_are_counted_by_rule_outcome_and_cause(
+    fleet: tuple[httpx.AsyncClient, Orchestrator],
+) -> None:
+    client, _ = fleet
+    run_id = await make_run(client)
+    await wait_status(client, await step_on(client, run_id, "m", SELECTOR), "succeeded")
+    r = await client.post(
+        f"/v1/runs/{run_id}/steps",
+        json={
+            "type": "llm_call",
+            "client_token": "none",
+            "input": {"prompt": "x"},
+            "placement": {"affinity": {"min_vram_gib": 500}},
+        },
+    )
+    assert r.status_code == 422
+    text = (await client.get("/metrics")).text
+    decisions = _counted(text, "orchestratord_placement_decisions_total")
+    assert decisions['{outcome="placed",rule="affinity"}'] == 1
+    assert decisions['{outcome="refused",rule="affinity"}'] == 1
+    passed_over = _counted(text, "orchestratord_placement_passed_over_total")
+    assert passed_over == {'{cause="placement"}': 2.0}  # cpu (region), eu (vram)

@@ -30,6 +30,7 @@ from orchestratord.steps.submission.rules import (
     ResolveKind,
     StartNow,
     record_decision,
+    record_placement,
 )
 from orchestratord.tx import Tx
 
@@ -97,4 +98,6 @@ async def _from_kept(sub: Submission) -> Submitted | None:
         return None
     assert sub.subject is not None  # stored: it was allowed
     record_decision(sub.ctx.metrics, sub.run_id, sub.subject, sub.decision)
+    if sub.placed is not None and answer.created:
+        record_placement(sub.ctx.metrics, sub.placed)
     return answer

@@ -10,6 +10,7 @@ They never ask which kind of step they hold: they call the kind's protocol
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -18,9 +19,9 @@ from contracts.common import placement_to_json
 from orchestrator_core import clock
 from orchestrator_core.admission import PRIORITY_RANK, admit
 from orchestrator_core.canonical import sha256_of
-from orchestrator_core.errors import NotFound, PoolUnavailable, TooLarge
+from orchestrator_core.errors import InvalidParams, NotFound, PoolUnavailable, TooLarge
 from orchestrator_core.lifecycle import RunStatus, StepStatus, check_run_accepts_steps
-from orchestrator_core.placement import Needs, Placed, decide
+from orchestrator_core.placement import Needs, Placed, decide, placement_rule
 from orchestrator_core.policy import Decision, PolicyDenied, PolicySubject, redact_json
 from orchestratord import tracing
 from orchestratord.db.models import Flow, Run
@@ -113,12 +114,8 @@ class Place:
         if run.mode == "record":
             if sub.kind.engine:
                 effective = sub.placement if sub.placement is not None else run.pool_policy
-                sub.placed = decide(
-                    effective,
-                    sub.ctx.pools.views(),
-                    field="placement" if sub.placement else "pool_policy",
-                    needs=Needs.of(sub.kind.llm_input(sub.stored)),
-                )
+                field = "placement" if sub.placement else "pool_policy"
+                sub.placed = _placed(sub, effective, field=field)
                 sub.pool_id = sub.placed.pool_id
             return None
         if run.mode == "strict_replay" and not sub.sqlite:
@@ -134,6 +131,34 @@ class Place:
         if sub.pool_id is not None:  # where the recorded step ran
             sub.placed = Placed("replay", sub.pool_id)
         return None
+
+
+def _placed(sub: Submission, placement: Any, *, field: str) -> Placed:
+    """``decide``; a refusal counted here (from a kept run, the fresh read that follows
+    counts it), a placement once the step is stored (``record_placement``)."""
+    try:
+        placed = decide(
+            placement,
+            sub.ctx.pools.views(),
+            field=field,
+            needs=Needs.of(sub.kind.llm_input(sub.stored)),
+        )
+    except (PoolUnavailable, InvalidParams) as exc:
+        if sub.kept is None:
+            outcome = "unavailable" if isinstance(exc, PoolUnavailable) else "refused"
+            sub.ctx.metrics.placement_decisions.labels(placement_rule(placement), outcome).inc()
+        raise
+    if sub.kept is None:
+        record_placement(sub.ctx.metrics, placed)
+    return placed
+
+
+def record_placement(metrics: Metrics, placed: Placed) -> None:
+    """A placement by rule, and the replicas it passed over by cause."""
+    metrics.placement_decisions.labels(placed.rule, "placed").inc()
+    for candidate in placed.candidates:
+        if candidate.cause is not None:
+            metrics.placement_passed_over.labels(candidate.cause).inc()
 
 
 class Police:
