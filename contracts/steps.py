@@ -183,6 +183,11 @@ class PlacementDecision(BaseModel):
     tie_break: str | None = None
     chosen: PlacementChoice
     candidates: list[PlacementCandidate] = Field(default_factory=list)
+    moved_from: str | None = Field(
+        default=None,
+        description="the pool it was queued on, when that pool's replicas all stopped taking"
+        " steps and it was placed again",
+    )
 
 
 class StepOut(Out):

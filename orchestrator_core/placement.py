@@ -121,7 +121,9 @@ def narration(decision: Mapping[str, Any]) -> str:
     chosen = decision["chosen"]
     where = f"{chosen['pool_id']}/{chosen['replica_id']}" if chosen.get("replica_id") else ""
     n = len(decision.get("candidates") or ())
-    return f"placed on {where or chosen['pool_id']}: {n} candidates; chosen by {decision['rule']}"
+    said = f"placed on {where or chosen['pool_id']}: {n} candidates; chosen by {decision['rule']}"
+    moved = decision.get("moved_from")
+    return f"{said} (moved from {moved}: its replicas took no steps)" if moved else said
 
 
 def placement_rule(placement: Any) -> str:

@@ -34,6 +34,7 @@ from orchestratord.reaper import LeaseKeeper
 from orchestratord.scrubbing import scrubber_for
 from orchestratord.settings import Settings
 from orchestratord.steps import leases
+from orchestratord.steps.failover import move_queued
 from orchestratord.steps.leases import LeaseTerms
 from orchestratord.steps.services import KindServices
 from orchestratord.steps.submission import SubmitContext
@@ -289,6 +290,7 @@ class Orchestrator:
             try:
                 await self.pools.refresh()
                 await self._read_drains()  # (claims read them too, under the pool's lock)
+                await move_queued(self.db, self.pools)  # off pools that take no steps
             except Exception:
                 log.exception("pool health refresh failed")
             self.dispatcher.wake()

@@ -17,6 +17,7 @@ from orchestratord.pools.registry import Pool
 from orchestratord.pools.slots import Slots
 from orchestratord.runtime import Orchestrator
 from orchestratord.scrubbing import scrub_pool
+from orchestratord.steps.failover import move_queued
 from orchestratord.steps.queries import queued_counts
 
 router = APIRouter()
@@ -52,8 +53,9 @@ async def _drain(orch: Orchestrator, pool_id: str, replica_id: str, on: bool) ->
     async with orch.db.write() as session:
         await orch.dispatcher.slots.set_draining(session, pool, replica_id, on)
     replica.draining = on
-    if not on:
-        orch.dispatcher.wake()  # steps may wait for its slots
+    if on:  # its pool may take no steps now: its queue goes elsewhere where it may
+        await move_queued(orch.db, orch.pools)
+    orch.dispatcher.wake()  # steps may wait for its slots, or were moved
     (view,) = await _views(orch, [pool])
     return view
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from orchestratord.runtime import Orchestrator
 from tests.conftest import make_settings
-from tests.helpers import make_run, started_client, submit, wait_status
+from tests.helpers import make_run, read_stream, started_client, submit, wait_status
 
 POOLS = """
 pools:
@@ -63,3 +63,55 @@ async def test_draining_names_what_is_unknown(db_url: str, tmp_path: Path) -> No
         assert r.status_code == 404 and "gpu/zz" in r.json()["message"]
         pool = (await client.get("/v1/pools/gpu")).json()
         assert _states(pool) == {"a": "ready", "b": "ready"}  # nothing drained
+
+
+TWO_POOLS = """
+pools:
+  - {pool_id: a, engine: sim, tags: {region: eu}, replicas: [{replica_id: r0, slots: 1}]}
+  - {pool_id: b, engine: sim, tags: {region: eu}, replicas: [{replica_id: r0, slots: 1}]}
+"""
+
+
+async def test_steps_queued_on_a_pool_that_takes_no_steps_move_unless_pinned(
+    db_url: str, tmp_path: Path
+) -> None:
+    pools = tmp_path / "pools.yaml"
+    pools.write_text(TWO_POOLS)
+    orch = Orchestrator(make_settings(db_url, pools_file=pools, sim={"tokens_per_s": 40.0}))
+    async with started_client(orch) as client:
+        assert (await client.post("/v1/pools/b/replicas/r0/drain")).status_code == 200
+        run_id = await make_run(client)
+
+        async def step(token: str, placement: Any) -> str:
+            body = {
+                "type": "llm_call",
+                "client_token": token,
+                "input": {"prompt": token, "params": {"max_tokens": 20}},
+                "placement": placement,
+            }
+            r = await client.post(f"/v1/runs/{run_id}/steps", json=body)
+            assert r.status_code == 202, r.text
+            return str(r.json()["step_id"])
+
+        running = await step("s0", "auto")  # a's one slot
+        moving = [await step("s1", {"affinity": {"region": "eu"}}), await step("s2", "auto")]
+        pinned = await step("s3", {"pin": "a"})
+        for step_id in [*moving, pinned]:
+            queued = (await client.get(f"/v1/steps/{step_id}")).json()
+            assert (queued["status"], queued["pool_id"]) == ("queued", "a")
+
+        await client.post("/v1/pools/b/replicas/r0/undrain")
+        await client.post("/v1/pools/a/replicas/r0/drain")  # a takes no steps: its queue moves
+        for step_id in moving:
+            ended = await wait_status(client, step_id, "succeeded")
+            assert (ended["pool_id"], ended["replica_id"]) == ("b", "r0")
+            assert ended["placement_decision"]["moved_from"] == "a"
+            events = await read_stream(client, f"/v1/steps/{step_id}/stream")
+            told = [e.data["text"] for e in events if e.event == "narration" and e.data]
+            assert told[0].startswith("placed on b/r0: 2 candidates; chosen by ")
+            assert told[0].endswith("(moved from a: its replicas took no steps)")
+        assert (await wait_status(client, running, "succeeded"))["pool_id"] == "a"  # it ran on
+        assert (await client.get(f"/v1/steps/{pinned}")).json()["status"] == "queued"
+        await client.post("/v1/pools/a/replicas/r0/undrain")
+        ended = await wait_status(client, pinned, "succeeded")
+        assert (ended["pool_id"], ended["placement_decision"]["moved_from"]) == ("a", None)
