@@ -23,6 +23,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from contracts.generated import write_or_check
+
 SNAPSHOT_VERSION = "2026.11"
 SCHEMA_PATH = Path(__file__).with_name("capabilities.schema.json")
 
@@ -145,18 +147,7 @@ def render() -> str:
 
 
 def main(argv: list[str]) -> int:
-    text = render()
-    if "--check" in argv:
-        if not SCHEMA_PATH.exists() or SCHEMA_PATH.read_text() != text:
-            print(
-                f"{SCHEMA_PATH} is out of date: run python -m contracts.capabilities",
-                file=sys.stderr,
-            )
-            return 1
-        return 0
-    SCHEMA_PATH.write_text(text)
-    print(f"wrote {SCHEMA_PATH}")
-    return 0
+    return write_or_check(SCHEMA_PATH, render(), argv, module="contracts.capabilities")
 
 
 if __name__ == "__main__":

@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from contracts.generated import write_or_check
+
 PATH = Path(__file__).with_name("openapi.json")
 
 
@@ -40,15 +42,7 @@ def add_event_schemas(doc: dict[str, Any]) -> None:
 
 
 def main(argv: list[str]) -> int:
-    text = render()
-    if "--check" in argv:
-        if not PATH.exists() or PATH.read_text() != text:
-            print(f"{PATH} is out of date: run python -m contracts.openapi", file=sys.stderr)
-            return 1
-        return 0
-    PATH.write_text(text)
-    print(f"wrote {PATH}")
-    return 0
+    return write_or_check(PATH, render(), argv, module="contracts.openapi")
 
 
 if __name__ == "__main__":

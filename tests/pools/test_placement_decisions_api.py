@@ -85,6 +85,7 @@ async def test_a_selector_places_the_step_and_the_decision_says_why(
     assert events[1].data["text"] == "placed on us/r0: 4 candidates; chosen by affinity"
     bundle = (await client.get(f"/v1/runs/{run_id}/export")).json()
     (exported,) = [s for s in bundle["steps"] if s["step_id"] == step_id]
+    assert decision.pop("moved_from") is None  # (not moved: the stored decision has none)
     assert exported["placement_decision"] == decision
 
 
