@@ -3,10 +3,13 @@ the pools show it, and the drain outlives a restart; undrained, it takes steps a
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any
 
 from orchestratord.runtime import Orchestrator
+from test_harness.fake_openai import FakeState, Faults, create_fake_openai
+from test_harness.servers import serve_app
 from tests.conftest import make_settings
 from tests.helpers import make_run, read_stream, started_client, submit, wait_status
 
@@ -115,3 +118,57 @@ async def test_steps_queued_on_a_pool_that_takes_no_steps_move_unless_pinned(
         await client.post("/v1/pools/a/replicas/r0/undrain")
         ended = await wait_status(client, pinned, "succeeded")
         assert (ended["pool_id"], ended["placement_decision"]["moved_from"]) == ("a", None)
+
+
+async def test_a_killed_engine_s_queued_steps_finish_on_another_pool(
+    db_url: str, tmp_path: Path
+) -> None:
+    """Pool a's engine goes away mid-run: once the health refresh finds a down, the steps
+    queued there finish on pool b."""
+    fakes = [FakeState(faults=Faults(token_delay_s=0.02)), FakeState()]
+    engine_a, engine_b = contextlib.AsyncExitStack(), contextlib.AsyncExitStack()
+    urls = [
+        await stack.enter_async_context(serve_app(create_fake_openai(fake)))
+        for stack, fake in zip((engine_a, engine_b), fakes, strict=True)
+    ]
+    pools = tmp_path / "pools.yaml"
+    pools.write_text(
+        "pools:\n"
+        + "".join(
+            f"  - {{pool_id: {name}, engine: openai, replicas: [{{replica_id: r0,"
+            f" url: '{url}/v1', model: fake-model, slots: 1}}]}}\n"
+            for name, url in zip("ab", urls, strict=True)
+        )
+    )
+    prices = tmp_path / "prices"
+    prices.mkdir()
+    (prices / "2026-01-01.yaml").write_text(
+        'version: "2026-01-01"\nunpriced: refuse\nentries:\n'
+        "  - {engine: openai, model: fake-model, free: true}\n"
+    )
+    settings = make_settings(
+        db_url, pools_file=pools, price_tables_dir=prices, health_interval_s=0.2
+    )
+    try:
+        async with started_client(Orchestrator(settings)) as client:
+            await client.post("/v1/pools/b/replicas/r0/drain")  # a takes them all, for now
+            run_id = await make_run(client)
+            steps = [
+                (await submit(client, run_id, token=f"k{i}", max_tokens=200)).json()["step_id"]
+                for i in range(3)
+            ]
+            running, *queued = steps
+            await wait_status(client, running, "running")
+            for step_id in queued:
+                assert (await client.get(f"/v1/steps/{step_id}")).json()["pool_id"] == "a"
+            await client.post("/v1/pools/b/replicas/r0/undrain")
+            await engine_a.aclose()  # a's engine is gone (its last answer finished first)
+            ended = await wait_status(client, running, "succeeded", "failed")
+            assert ended["pool_id"] == "a"
+            for step_id in queued:
+                ended = await wait_status(client, step_id, "succeeded")
+                assert (ended["pool_id"], ended["replica_id"]) == ("b", "r0")
+                assert ended["placement_decision"]["moved_from"] == "a"
+    finally:
+        await engine_a.aclose()
+        await engine_b.aclose()
