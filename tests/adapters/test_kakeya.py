@@ -326,6 +326,9 @@ async def test_idle_sessions_are_evicted_and_recreated(
 ) -> None:
     session = adapter.open_session()
     await run(adapter, req(session=session))
+    # the runtime lets the session go once its reply is out: a busy one is never evicted
+    while runtime.store.sessions[cast(str, session.session_id)].busy:
+        await asyncio.sleep(0.01)
     clock.now += 61
     runtime.store.evict_idle()
     assert session.session_id in runtime.store.evicted

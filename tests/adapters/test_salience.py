@@ -239,8 +239,12 @@ async def test_idle_eviction(
 ) -> None:
     session = adapter.open_session()
     await run(adapter, req(session=session))
+    # the runtime lets the session go once its reply is out: a busy one is never evicted
+    while runtime.store.sessions[cast(str, session.session_id)].busy:
+        await asyncio.sleep(0.01)
     clock.now += 61
     runtime.store.evict_idle()
+    assert runtime.store.evicted == [session.session_id]
     await run(adapter, req(session=session, request_id="r2"))
     assert session.rebuilds == 1
 
