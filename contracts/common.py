@@ -90,7 +90,7 @@ class AffinityPlacement(Strict):
 PLACEMENT_FORMS = '"auto", {"pin": pool_id} or {"affinity": {tag: value} or a selector}'
 
 
-def _placement_form(value: Any) -> str | None:
+def placement_form(value: Any) -> str | None:
     """Which form a placement is written in, told by its shape: errors then name only that
     form's fields (``placement.pin``), and a value in none of the forms gets one error
     saying what the field accepts."""
@@ -112,7 +112,7 @@ Placement = Annotated[
     | Annotated[PinPlacement, Tag("pin")]
     | Annotated[AffinityPlacement, Tag("affinity")],
     Discriminator(
-        _placement_form,
+        placement_form,
         custom_error_type="placement_form",
         custom_error_message=f"must be {PLACEMENT_FORMS}",
     ),

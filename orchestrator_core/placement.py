@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from contracts.common import affinity_form
+from contracts.common import PLACEMENT_FORMS, affinity_form, placement_form
 from orchestrator_core.errors import InvalidParams, PoolUnavailable
 from orchestrator_core.generation import LlmInput
 
@@ -127,12 +127,9 @@ def narration(decision: Mapping[str, Any]) -> str:
 
 
 def placement_rule(placement: Any) -> str:
-    """The rule a placement is written in: auto, pin or affinity (else ``invalid``)."""
-    if placement is None or placement == "auto":
-        return "auto"
-    if isinstance(placement, dict):
-        return next((form for form in ("pin", "affinity") if form in placement), "invalid")
-    return "invalid"
+    """The rule a placement is written in: auto (also when none is given), pin or affinity,
+    told as the API tells its forms apart; else ``invalid``."""
+    return "auto" if placement is None else placement_form(placement) or "invalid"
 
 
 # A pool test: None when the pool passes, else why not.
@@ -142,23 +139,25 @@ Check = Callable[[PoolView], str | None]
 def _form(placement: Any, pools: Sequence[PoolView], *, field: str) -> tuple[str, Check]:
     """The placement's rule name and its test of a pool; an impossible placement (no such
     pool, no pool matching) is bad input naming ``field``."""
-    if placement is None or placement == "auto":
-        return "auto", lambda _: None
-    if isinstance(placement, dict) and "pin" in placement:
+    rule = placement_rule(placement)
+    if rule == "auto":
+        return rule, lambda _: None
+    if rule == "pin":
         wanted = placement["pin"]
         if not any(p.pool_id == wanted for p in pools):
             known = ", ".join(sorted(p.pool_id for p in pools))
             raise InvalidParams(f"no pool {wanted!r} (pools: {known})", field=f"{field}.pin")
-        return "pin", lambda p: None if p.pool_id == wanted else f"not the pinned pool {wanted}"
-    if isinstance(placement, dict) and "affinity" in placement:
+        return rule, lambda p: None if p.pool_id == wanted else f"not the pinned pool {wanted}"
+    if rule == "affinity":
         affinity = placement["affinity"]
-        check = _selector(affinity) if affinity_form(affinity) == "selector" else _tags(affinity)
+        selector = affinity_form(affinity) == "selector"
+        check = _selector(affinity) if selector else _tags(affinity)
         if not any(check(p) is None for p in pools):
             reasons = "; ".join(f"{p.pool_id}: {check(p)}" for p in pools)
-            what = "has all the tags" if affinity_form(affinity) == "map" else "matches"
+            what = "matches" if selector else "has all the tags"
             raise InvalidParams(f"no pool {what} {affinity} ({reasons})", field=f"{field}.affinity")
-        return "affinity", check
-    raise InvalidParams('must be "auto", {"pin": pool_id} or {"affinity": {...}}', field=field)
+        return rule, check
+    raise InvalidParams(f"must be {PLACEMENT_FORMS}", field=field)
 
 
 def _tags(wanted: Mapping[str, str]) -> Check:

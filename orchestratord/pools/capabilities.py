@@ -55,15 +55,6 @@ def max_tokens_bound() -> int:
     raise AssertionError("LlmParams.max_tokens has no upper bound")
 
 
-def replica_models(replica: Replica) -> frozenset[str]:
-    named = {replica.model, replica.capabilities.get("model")}
-    return frozenset(str(m) for m in named if m)
-
-
-def replica_features(replica: Replica) -> frozenset[str]:
-    return frozenset(str(f) for f in replica.capabilities.get("features") or ())
-
-
 def replica_context(replica: Replica) -> int | None:
     """The context size its engine reported; None before it did (or when it reports 0)."""
     size = replica.capabilities.get("context_size")
@@ -73,8 +64,8 @@ def replica_context(replica: Replica) -> int | None:
 def replica_capabilities(replica: Replica) -> dict[str, Any]:
     return {
         **{k: replica.capabilities[k] for k in _IDENTITY if k in replica.capabilities},
-        "models": sorted(replica_models(replica)),
-        "features": sorted(replica_features(replica)),
+        "models": sorted(replica.models),
+        "features": sorted(replica.features),
         "context_size": replica_context(replica),
         "gpu": None if replica.gpu is None else replica.gpu.shown(),
     }
@@ -90,7 +81,7 @@ def pool_gpu(pool: Pool) -> dict[str, Any] | None:
     arches = {g.arch for g in gpus}
     return {
         "arch": arches.pop() if len(arches) == 1 else None,
-        "vram_gib": min(g.vram_gib for g in gpus),
+        "vram_gib": pool.vram_gib,
         "count": sum(g.count for g in gpus),
     }
 
@@ -124,9 +115,9 @@ def snapshot(
             if TOOL_FEATURE in offered:
                 tool_models.add(model)
         for replica in pool.replicas:
-            for model in replica_models(replica):
+            for model in replica.models:
                 contexts[model] = max(contexts.get(model, 0), replica_context(replica) or 0)
-                if replica_features(replica) & IMAGE_FEATURES:
+                if replica.features & IMAGE_FEATURES:
                     image_models.add(model)
             gpu = replica.gpu
             if gpu is not None:

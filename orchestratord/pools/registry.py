@@ -50,6 +50,17 @@ class Replica:
         return None if self.gpu is None else self.gpu.vram_gib
 
     @property
+    def models(self) -> frozenset[str]:
+        """The models it serves, as configured and as its engine reports them."""
+        named = {self.model, self.capabilities.get("model")}
+        return frozenset(str(m) for m in named if m)
+
+    @property
+    def features(self) -> frozenset[str]:
+        """What its engine reported it offers (none before it reported)."""
+        return frozenset(str(f) for f in self.capabilities.get("features") or ())
+
+    @property
     def state(self) -> str:
         """Whether it takes steps now: ready | unready | draining | breaker_open."""
         if not self.health.ready:
@@ -94,18 +105,13 @@ class Pool:
 
     @property
     def models(self) -> frozenset[str]:
-        """The models its replicas serve, as configured and as their engines report them."""
-        named = {r.model for r in self.replicas} | {
-            r.capabilities.get("model") for r in self.replicas
-        }
-        return frozenset(str(m) for m in named if m)
+        """The models its replicas serve."""
+        return frozenset().union(*(r.models for r in self.replicas))
 
     @property
     def features(self) -> frozenset[str] | None:
         """What every replica that reported its capabilities offers; None before any did."""
-        told = [
-            frozenset(r.capabilities.get("features") or ()) for r in self.replicas if r.capabilities
-        ]
+        told = [r.features for r in self.replicas if r.capabilities]
         return frozenset.intersection(*told) if told else None
 
     @property
@@ -214,17 +220,16 @@ class Pool:
             pool_id=self.pool_id,
             tags=self.tags,
             ready=any(r.state == READY for r in replicas),
-            free_slots=self.free_slots,
+            free_slots=sum(r.free_slots for r in replicas),
             models=self.models,
             features=self.features,
             replicas=replicas,
             vram_gib=self.vram_gib,
         )
 
-    @staticmethod
-    def breaker_target(pool_id: str, replica_id: str) -> str:
-        """The name of a replica's circuit breaker."""
-        return f"replica:{pool_id}/{replica_id}"
+    def breaker_target(self, replica_id: str) -> str:
+        """The name of one of its replicas' circuit breaker."""
+        return f"replica:{self.pool_id}/{replica_id}"
 
     def load(self) -> dict[str, int]:
         busy = sum(r.busy + r.others for r in self.replicas)
@@ -254,7 +259,7 @@ class PoolRegistry:
         """Replicas whose breaker fails calls fast take no steps (``Replica.state``)."""
         for pool in self.pools.values():
             for replica in pool.replicas:
-                target = Pool.breaker_target(pool.pool_id, replica.replica_id)
+                target = pool.breaker_target(replica.replica_id)
                 replica.breaker_open = functools.partial(board.is_open, target)
 
     def views(self) -> list[PoolView]:

@@ -11,7 +11,6 @@ from typing import Any
 import httpx
 import pytest
 
-from orchestratord.pools.registry import Pool
 from orchestratord.runtime import Orchestrator
 from tests.conftest import make_settings
 from tests.helpers import make_flow, make_run, read_stream, started_client, wait_status
@@ -95,7 +94,7 @@ async def test_a_replica_whose_breaker_is_open_takes_no_steps(
     client, orch = fleet
     breakers = orch.services.engine_breakers
     for replica in ("r0", "r1"):  # every replica of us: calls to it fail fast
-        breaker = breakers.get(Pool.breaker_target("us", replica))
+        breaker = breakers.get(orch.pools.require("us").breaker_target(replica))
         while not breakers.is_open(breaker.target):
             breaker.before_call().failure("engine down")
     run_id = await make_run(client)

@@ -147,7 +147,7 @@ class _LlmRun:
         self.price = ctx.price
         self.granted = 0
         self.breaker: CircuitBreaker = ctx.services.engine_breakers.get(
-            self.pool.breaker_target(self.pool.pool_id, self.replica.replica_id)
+            self.pool.breaker_target(self.replica.replica_id)
         )
 
     async def run(self) -> Ending:
