@@ -21,7 +21,7 @@ from pathlib import Path
 
 PROTO_DIR = Path(__file__).resolve().parent
 GEN_DIR = PROTO_DIR / "gen"
-SOURCES = ("kakeya_runtime.proto", "salience.proto")
+SOURCES = ("kakeya_runtime.proto", "salience.proto", "evergreen.proto", "evergreen_service.proto")
 STAMP = "STAMP"
 # Raised when the post-processing below changes, so older builds count as stale.
 _LAYOUT = "1"

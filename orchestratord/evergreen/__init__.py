@@ -1,0 +1,1 @@
+"""The Evergreen front door: sessions as runs, actions as steps."""
