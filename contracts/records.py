@@ -86,3 +86,13 @@ class PoolOut(Out):
     health: str
     load: dict[str, int]
     replicas: list[ReplicaOut]
+    source: str | None = Field(
+        default=None,
+        description="where it comes from: file (the pools file), api (POST /v1/pools) or "
+        "provisioned (POST /v1/pools/provision); null: built into the process",
+    )
+    provision: dict[str, Any] | None = Field(
+        default=None,
+        description="a provisioned pool's: provisioner, owner (the instance that started its "
+        "engines), idle_ttl_s, engines [{replica_id, pid, port, url, log}], request",
+    )

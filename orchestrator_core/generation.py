@@ -39,6 +39,12 @@ class SamplingParams:
     logprobs: bool = False
     json_schema: dict[str, Any] | None = None
 
+    @property
+    def samples(self) -> bool:
+        """Whether the output depends on a seed: temperature 0 is greedy, the same tokens on
+        any engine; any other temperature (an omitted one is the default, 1.0) samples."""
+        return self.temperature != 0
+
     def as_dict(self) -> dict[str, Any]:
         return {
             "max_tokens": self.max_tokens,

@@ -8,9 +8,10 @@ The rules, in order, each ruling out candidates (a pool's replicas) with a reaso
    every condition given (``min_vram_gib``: every replica declares a GPU with at least that
    much memory). No pool matching is bad input naming the field.
 2. **What the step needs** (:class:`Needs`): the model it names, each feature its
-   parameters ask for (``logprobs``, ``json_schema``). A pool whose engine has not said what
-   it serves (it has not answered yet) is not ruled out. Nothing serving it is bad input
-   naming the field that asks, and what the pools serve instead.
+   parameters ask for (``logprobs``, ``json_schema``), and ``seed`` when it samples in a
+   seeded run (below). A pool whose engine has not said what it serves (it has not answered
+   yet) is not ruled out. Nothing serving it is bad input naming the field that asks, and
+   what the pools serve instead.
 3. **Whether a replica takes steps now**: not ``unready`` (its health), not ``draining``,
    its circuit breaker not ``breaker_open``. A pool with no such replica is not ready.
 
@@ -19,6 +20,17 @@ id: one view of the pools always gives one answer (what strict_replay relies on:
 goes where its recording ran, and a record run placed by the same rules over the same
 pools lands the same). A pin is honoured even when its pool is busy: the step waits in
 that pool's queue. The decision (:class:`Placed`) lists every candidate and its reason.
+
+**Seeds.** A seed only decides the output of a step that samples (temperature above 0; an
+omitted temperature is the default, 1.0): a greedy step (temperature 0) gives the same
+tokens on any engine. Every run has a seed (the server draws one when the request gives
+none), so only a run whose creator gave one explicitly (``seed_given``) is *seeded*: there a
+step that samples needs an engine reporting the ``seed`` feature (``Needs.of(llm,
+seeded=True)``); a pin to a pool without it is bad input naming ``input.params.temperature``,
+as is an ``auto`` or affinity placement that leaves no such pool. Runs without an explicit
+seed place their steps on any engine, as before. The rule at run creation (a seeded run
+pinned to an engine without seeds, a strict_replay of steps that sampled on one) is the
+caller's (``orchestratord.runs.service``, ``orchestrator_core.replay``).
 """
 
 from __future__ import annotations
@@ -33,6 +45,13 @@ from orchestrator_core.generation import LlmInput
 
 TIE_BREAK = "most free slots, then the smallest pool id"
 READY = "ready"
+# The feature of an engine that takes a seed: the same seed gives the same sampled tokens.
+SEED = "seed"
+# What a seeded run's sampling step is told when no pool it may go to takes a seed.
+_SEED_HINT = (
+    "; the run has a seed and this step samples (temperature above 0): an engine without"
+    " seeds cannot reproduce it, a greedy step (temperature 0) runs on any engine"
+)
 
 
 @dataclass(frozen=True)
@@ -68,13 +87,17 @@ class Needs:
     features: tuple[tuple[str, str], ...] = ()  # ((feature, field), ...)
 
     @classmethod
-    def of(cls, llm: LlmInput | None) -> Needs:
+    def of(cls, llm: LlmInput | None, *, seeded: bool = False) -> Needs:
+        """What ``llm`` asks for; ``seeded``: the run's seed was given by its creator, so a
+        step that samples needs an engine that takes it (``seed``)."""
         if llm is None:
             return cls()
         params = llm.params
         features = [("logprobs", "input.params.logprobs")] if params.logprobs else []
         if params.json_schema is not None:
             features.append(("json_schema", "input.params.json_schema"))
+        if seeded and params.samples:
+            features.append((SEED, "input.params.temperature"))
         model = (llm.model, "input.model") if llm.model else None
         return cls(model=model, features=tuple(features))
 
@@ -197,6 +220,8 @@ def _serving(pools: Sequence[PoolView], needs: Needs, rule_out: dict[str, tuple[
     """Rule out (``rule_out``: pool id -> (cause, reason)) the pools not serving what the step asks
     for, among those not ruled out yet; none left is bad input naming the field."""
     left = [p for p in pools if p.pool_id not in rule_out]
+    if not left:  # no pool at all: none is ready (``decide``), rather than none serves it
+        return
     if needs.model is not None:
         model, field = needs.model
         serves = [p for p in left if not p.models or model in p.models]
@@ -211,8 +236,9 @@ def _serving(pools: Sequence[PoolView], needs: Needs, rule_out: dict[str, tuple[
         offer = [p for p in left if p.features is None or feature in p.features]
         if not offer:
             among = ", ".join(sorted(p.pool_id for p in left))
+            hint = _SEED_HINT if feature == SEED else ""
             raise InvalidParams(
-                f"no pool that may take this step offers {feature} ({among})", field=field
+                f"no pool that may take this step offers {feature} ({among}){hint}", field=field
             )
         for p in left:
             if p not in offer:

@@ -5,7 +5,11 @@ Three questions, answered without I/O:
 - ``run_mismatches``: may a ``strict_replay`` run start? Every determinism input of the
   recorded run (flow, seed, engine, engine version, model hash, the replicas its steps ran
   on, the policy material to output) is compared with what the service has now; each difference is
-  listed, so a CI job sees all of them at once.
+  listed, so a CI job sees all of them at once. ``seedless_mismatches`` adds the engines
+  that cannot take the seed: a recorded step that sampled (temperature above 0) on a pool
+  whose engine does not report the ``seed`` feature cannot be reproduced there, so the run
+  is refused naming the pool, its engine and the step; greedy steps (temperature 0) replay
+  on any engine, and a pool whose engine has not reported its features is not refused.
 - ``step_differences``: does a submitted step match the recorded step at its position (type,
   prompt hash, params hash, model, seed)?
 - ``StreamComparator``: fed the re-run stream token by token, it reports the first token
@@ -15,12 +19,13 @@ Three questions, answered without I/O:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator_core.canonical import sha256_of
 from orchestrator_core.errors import OrchestratorError
+from orchestrator_core.placement import SEED
 
 # Tokens of context around a divergence, on each side.
 CONTEXT_TOKENS = 5
@@ -34,8 +39,10 @@ class StrictReplayMismatch(OrchestratorError):
 
     def __init__(self, mismatches: list[dict[str, Any]]) -> None:
         names = ", ".join(sorted({m["input"] for m in mismatches}))
+        said = "; ".join(str(m["message"]) for m in mismatches if m.get("message"))
         super().__init__(
-            f"strict_replay refused: determinism inputs differ from the recorded run ({names})",
+            f"strict_replay refused: determinism inputs differ from the recorded run ({names})"
+            + (f": {said}" if said else ""),
             details={"mismatches": mismatches},
         )
 
@@ -125,6 +132,58 @@ def run_mismatches(
             was, is_ = getattr(rec.identity, name), getattr(now, name)
             if was != is_:
                 out.append({"input": name, **where, "recorded": was, "current": is_})
+    return out
+
+
+@dataclass(frozen=True)
+class RecordedSample:
+    """A recorded engine step that sampled (temperature above 0): its tokens depend on the
+    seed, so only an engine that takes one can give them again."""
+
+    step_id: str
+    pool_id: str
+    replica_id: str
+    temperature: float
+
+
+def seedless_mismatches(
+    *,
+    recorded_seed: int,
+    sampled: Iterable[RecordedSample],
+    features: Mapping[str, frozenset[str] | None],
+    engines: Mapping[tuple[str, str], str | None],
+) -> list[dict[str, Any]]:
+    """A ``seed`` mismatch for each pool where a recorded step sampled and whose engine, as it
+    reports now (``features`` by pool id), takes no seed; it names the first such step of
+    ``sampled`` (in the recorded order). A pool whose features are not known yet (None) is not
+    refused, nor a pool or replica this service no longer has (``run_mismatches`` refuses a
+    missing replica). ``engines``: the engine each (pool_id, replica_id) here runs."""
+    out: list[dict[str, Any]] = []
+    refused: set[str] = set()
+    for step in sampled:
+        told = features.get(step.pool_id)
+        where = (step.pool_id, step.replica_id)
+        if step.pool_id in refused or told is None or SEED in told or where not in engines:
+            continue
+        refused.add(step.pool_id)
+        engine = engines[where]
+        out.append(
+            {
+                "input": "seed",
+                "pool_id": step.pool_id,
+                "replica_id": step.replica_id,
+                "recorded": recorded_seed,
+                "current": None,
+                "engine": engine,
+                "step_id": step.step_id,
+                "temperature": step.temperature,
+                "message": (
+                    f"strict_replay needs a seeded engine: pool {step.pool_id!r} (engine"
+                    f" {engine}) has no seed, and step {step.step_id} sampled (temperature"
+                    f" {step.temperature:g})"
+                ),
+            }
+        )
     return out
 
 

@@ -95,6 +95,12 @@ class Scrubber:
     def __repr__(self) -> str:  # never the secrets themselves
         return f"Scrubber({len(self.secrets)} secrets)"
 
+    def learn(self, secrets: Iterable[str | None]) -> None:
+        """Mask ``secrets`` too from now on (a pool created at run time brings its own)."""
+        learnt = {s for s in secrets if s and len(s) >= MIN_SECRET_CHARS and s != MASK}
+        if not learnt.issubset(self.secrets):
+            self.secrets = tuple(sorted({*self.secrets, *learnt}, key=lambda s: (-len(s), s)))
+
     def union(self, other: Scrubber) -> Scrubber:
         return Scrubber((*self.secrets, *other.secrets))
 

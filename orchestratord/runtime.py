@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 from collections.abc import AsyncIterator, Coroutine
 from contextlib import asynccontextmanager
 from dataclasses import replace
@@ -25,7 +26,9 @@ from orchestratord.dispatcher import Dispatcher
 from orchestratord.event_logging import EventLogLines, scrub_logs
 from orchestratord.eventlog import RUN_END, EventWriter, LogEvent
 from orchestratord.metrics import Metrics
-from orchestratord.pools.config import load_pools_file, local_pool
+from orchestratord.pools.catalog import PoolCatalog
+from orchestratord.pools.config import PoolConfigError, PoolSpec, load_pools_file, local_pool
+from orchestratord.pools.provisioning.manager import Provisioning
 from orchestratord.pools.registry import PoolRegistry, build_registry
 from orchestratord.pools.sessions import RunSessions
 from orchestratord.pools.slots import Slots
@@ -70,16 +73,17 @@ class Orchestrator:
             max_pending=settings.dispatch.max_pending_events,
             observe=self.metrics.commit,
         )
+        declared: list[PoolSpec] | None = None  # the pools file's set (None: given in code)
         if pools is None:
-            specs = (
-                load_pools_file(settings.pools_file)
-                if settings.pools_file is not None
-                else local_pool(settings.engine, slots=settings.sim.slots)
-            )
-            pools = build_registry(specs, settings)
+            declared = self._declared_pools()
+            pools = build_registry(declared, settings)
+            pools.managed = set(pools.pools)  # the file's: data, as the table will say
         self.pools = pools
         # the pools' and the database's credentials, kept out of what the service shows
         self.scrubber = scrubber_for(pools, urls=[settings.database_url])
+        self.catalog = PoolCatalog(
+            self.db, pools, self.scrubber, declared=declared, retire_s=settings.dispatch.drain_s
+        )
         scrub_logs(self.scrubber)
         self.prices = (
             PriceBook.load(settings.price_tables_dir)
@@ -166,8 +170,40 @@ class Orchestrator:
             abandon=self.dispatcher.abandon,
             requeued=self.dispatcher.wake_all,
         )
+        self.provisioning = Provisioning(settings, self.catalog, owner=self.leases.instance)
         self._background: set[asyncio.Task[object]] = set()
         self.tracing: tracing.Tracing | None = None  # started with the service
+
+    def _declared_pools(self) -> list[PoolSpec]:
+        """The pools the settings declare: the pools file's, else ``--engine``'s local one."""
+        settings = self.settings
+        if settings.pools_file is not None:
+            return load_pools_file(settings.pools_file)
+        return local_pool(settings.engine, slots=settings.sim.slots)
+
+    def reload_on_sighup(self) -> None:
+        """Read the pools file again on SIGHUP (where the loop can take signals)."""
+        try:
+            asyncio.get_running_loop().add_signal_handler(
+                signal.SIGHUP, lambda: self._spawn(self.reload_pools())
+            )
+        except (NotImplementedError, RuntimeError, ValueError):  # not the main thread
+            log.info("SIGHUP does not reload the pools file here")
+
+    async def reload_pools(self) -> bool:
+        """SIGHUP: the pools file read again; its set replaces what it declared before (a
+        file with errors changes nothing: the log says what is wrong)."""
+        if self.catalog.declared is None:
+            return False
+        try:
+            specs = self._declared_pools()
+        except PoolConfigError as exc:
+            log.error("pools file not reloaded:\n%s", exc)
+            return False
+        await self.catalog.declare(specs)
+        self.dispatcher.wake_all()
+        log.info("pools file reloaded: %d pools declared", len(specs))
+        return True
 
     def _committed(self, events: list[LogEvent]) -> None:
         """Committed events: to the live followers; a run that ended closes its engine
@@ -186,6 +222,8 @@ class Orchestrator:
         await self.keeper.reap_on_start(single_process=self.db.is_sqlite)
         if self.wakeups is not None:
             await self.wakeups.start()
+        await self.catalog.start()  # the pools file's set written; every stored pool served
+        await self.provisioning.forget_stale()
         await self.pools.refresh()
         await self._read_drains()
         self.writer.start()
@@ -223,6 +261,8 @@ class Orchestrator:
         await self.writer.stop()
         for task in list(self._background):
             task.cancel()
+        await self.provisioning.aclose()
+        await self.catalog.aclose()
         await self.pools.aclose()
         await self.services.aclose()
         if self.wakeups is not None:
@@ -288,6 +328,8 @@ class Orchestrator:
         while True:
             await asyncio.sleep(self.settings.health_interval_s)
             try:
+                await self.catalog.sync()  # pools created or removed through any process
+                await self.provisioning.reap_idle()
                 await self.pools.refresh()
                 await self._read_drains()  # (claims read them too, under the pool's lock)
                 await move_queued(self.db, self.pools)  # off pools that take no steps

@@ -22,7 +22,7 @@ from orchestrator_core.secrets import Scrubber, url_secrets
 from orchestratord.steps.ending import Ending
 
 if TYPE_CHECKING:
-    from orchestratord.pools.registry import PoolRegistry
+    from orchestratord.pools.registry import Pool, PoolRegistry
 
 
 def scrubber_for(pools: PoolRegistry, *, urls: Iterable[str | None] = ()) -> Scrubber:
@@ -30,12 +30,19 @@ def scrubber_for(pools: PoolRegistry, *, urls: Iterable[str | None] = ()) -> Scr
     written in ``urls`` (the database's)."""
     secrets: list[str] = [s for url in urls for s in url_secrets(url)]
     for pool in pools.pools.values():
-        for replica in pool.replicas:
-            secrets += url_secrets(replica.url)
-            # an adapter lists the credentials it sends (an API key); most hold none
-            held: Any = getattr(replica.adapter, "secrets", ())
-            secrets += [s for s in held if isinstance(s, str)]
+        secrets += secrets_of(pool)
     return Scrubber(secrets)
+
+
+def secrets_of(pool: Pool) -> list[str]:
+    """The credentials a pool's replicas were configured with."""
+    secrets: list[str] = []
+    for replica in pool.replicas:
+        secrets += url_secrets(replica.url)
+        # an adapter lists the credentials it sends (an API key); most hold none
+        held: Any = getattr(replica.adapter, "secrets", ())
+        secrets += [s for s in held if isinstance(s, str)]
+    return secrets
 
 
 def scrub_pool(view: PoolOut, scrubber: Scrubber) -> PoolOut:
@@ -43,6 +50,7 @@ def scrub_pool(view: PoolOut, scrubber: Scrubber) -> PoolOut:
     return view.model_copy(
         update={
             "capabilities": scrubber.value(view.capabilities),
+            "provision": scrubber.value(view.provision),
             "replicas": [
                 r.model_copy(
                     update={"url": scrubber.url(r.url), "health": scrubber.value(r.health)}

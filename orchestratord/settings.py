@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from orchestrator_core.breakers import BreakerConfig
@@ -203,6 +203,47 @@ class TracingSettings(BaseModel):
     service_name: str = Field(default="orchestratord", description="service.name of the spans")
 
 
+class EngineCommand(BaseModel):
+    """A command that starts an engine server on this host (vLLM, SGLang, ...): each argument
+    may name ``{port}``, ``{host}``, ``{model}``, ``{replica_id}`` and ``{python}`` (this
+    interpreter)."""
+
+    model_config = ConfigDict(extra="forbid")
+    command: str = Field(
+        min_length=1,
+        description="e.g. `vllm serve {model} --host {host} --port {port}` (split as a shell"
+        " would, then each argument filled in; no shell runs it)",
+    )
+    engine: str = Field(default="openai", description="the engine protocol it speaks")
+    url: str = Field(default="http://{host}:{port}/v1", description="what a replica of it dials")
+    health_path: str = Field(
+        default="/v1/models", description="answers 200 once the engine takes requests"
+    )
+    model: str | None = Field(default=None, description="`{model}` when a request names none")
+
+
+class ProvisionSettings(BaseModel):
+    max_engines: int = Field(
+        default=2,
+        ge=0,
+        description="Engines that provisioning may run at once, every process counted; 0: none",
+    )
+    idle_ttl_s: float = Field(
+        default=900.0,
+        ge=0,
+        description="A provisioned pool no step used for this long is removed and its engines"
+        " stopped; 0: never",
+    )
+    start_timeout_s: float = Field(
+        default=180.0, gt=0, description="How long an engine may take to answer its health"
+    )
+    commands: dict[str, EngineCommand] = Field(
+        default_factory=dict,
+        description="Provisioners by name that start an engine server from a command"
+        ' (JSON: {"vllm": {"command": "vllm serve {model} --port {port}"}})',
+    )
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="ORCHESTRATORD_", env_nested_delimiter="__")
 
@@ -264,3 +305,4 @@ class Settings(BaseSettings):
     auth: AuthSettings = Field(default_factory=AuthSettings)
     limits: LimitSettings = Field(default_factory=LimitSettings)
     tracing: TracingSettings = Field(default_factory=TracingSettings)
+    provision: ProvisionSettings = Field(default_factory=ProvisionSettings)

@@ -31,18 +31,24 @@ class Faults:
     malformed_at: int | None = None  # send a chunk that is not JSON at this index
     token_delay_s: float = 0.0
     hold_after_done_s: float = 0.0  # keep the body open this long after [DONE]
+    models_status: int | None = None  # answer GET /v1/models with this HTTP status
+    models_body: bytes | None = None  # answer GET /v1/models 200 with these bytes instead
 
 
 @dataclass
 class FakeState:
     faults: Faults = field(default_factory=Faults)
     model: str = "fake-model"
+    also_serves: tuple[str, ...] = ()  # more models /v1/models lists, after ``model``
+    max_model_len: int = 2048  # each model's context, as vLLM reports it
     active: int = 0
     peak_active: int = 0  # the most generations it streamed at once
     disconnects: int = 0
     completed: int = 0
     requests: list[dict[str, Any]] = field(default_factory=list)
     auth_headers: list[str | None] = field(default_factory=list)
+    models_auth: list[str | None] = field(default_factory=list)  # one per GET /v1/models
+    listings: int = 0  # GET /v1/models answered
     client_ports: list[int] = field(default_factory=list)  # one per connection it came on
     # generations streamed to their end, per prompt: the engine-side count of executions
     completed_by_prompt: Counter[str] = field(default_factory=Counter)
@@ -61,15 +67,25 @@ def fake_tokens(body: dict[str, Any]) -> list[str]:
 def create_fake_openai(state: FakeState | None = None) -> Starlette:
     st = state or FakeState()
 
-    async def models(_: Request) -> Response:
-        return JSONResponse(
-            {
-                "object": "list",
-                "data": [
-                    {"id": st.model, "object": "model", "owned_by": "fake", "max_model_len": 2048}
-                ],
-            }
-        )
+    async def models(request: Request) -> Response:
+        st.models_auth.append(request.headers.get("authorization"))
+        f = st.faults
+        if f.models_status is not None:
+            return JSONResponse(
+                {"error": {"message": "injected failure", "code": f.models_status}},
+                status_code=f.models_status,
+            )
+        if f.models_body is not None:
+            return Response(f.models_body, media_type="application/json")
+        served = (st.model, *st.also_serves)
+        st.listings += 1  # as vLLM does, each listing says when it was made
+        entry = {
+            "object": "model",
+            "owned_by": "fake",
+            "max_model_len": st.max_model_len,
+            "created": 1_700_000_000 + st.listings,
+        }
+        return JSONResponse({"object": "list", "data": [{"id": m, **entry} for m in served]})
 
     async def health(_: Request) -> Response:
         return JSONResponse({"status": "ok"})

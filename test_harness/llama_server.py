@@ -1,21 +1,12 @@
-"""llama-cpp-python's own OpenAI-compatible server, its model opened in the plain CPU layout
-(``worker_adapters.llama.plain_cpu_layout``: on CPUs with AMX the library's default layout
-crashes at the first token). Same arguments as ``python -m llama_cpp.server``.
+"""llama-cpp-python's own OpenAI-compatible server, as the ``llama_cpp_server`` provisioner
+starts it (``worker_adapters.llama_server``). Same arguments as ``python -m llama_cpp.server``.
 
     .venv/bin/python -m test_harness.llama_server --model FILE --port 8001
 """
 
 from __future__ import annotations
 
-import runpy
-
-from worker_adapters.llama import plain_cpu_layout
-
-
-def main() -> None:
-    with plain_cpu_layout():
-        runpy.run_module("llama_cpp.server", run_name="__main__", alter_sys=True)
-
+from worker_adapters.llama_server import main
 
 if __name__ == "__main__":
     main()

@@ -41,6 +41,17 @@ async def make_flow(client: httpx.AsyncClient, ast: Any = None, **extra: Any) ->
     return flow_id
 
 
+# Engines whose capabilities do not offer ``seed``: a run given a seed may not sample there
+# (docs/placement.md, "Seeds"), so their tests make runs whose seed the server draws.
+SEEDLESS_ENGINES = frozenset({"salience"})
+
+
+def seed_on(engine: str, seed: int) -> int | None:
+    """``seed`` for a run whose steps sample on ``engine``; None (the server draws one, and
+    the run is not seeded) where the engine takes no seed."""
+    return None if engine in SEEDLESS_ENGINES else seed
+
+
 async def make_run(client: httpx.AsyncClient, flow_id: str | None = None, **body: Any) -> str:
     if flow_id is None:
         flow_id = await make_flow(client)

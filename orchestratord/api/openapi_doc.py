@@ -44,8 +44,10 @@ def _statuses(method: str, path: str) -> tuple[str, ...]:
         statuses.append("404")
     if method in ("post", "put", "patch"):
         statuses += _WITH_BODY
-        if path.endswith("/steps") or path.endswith("/runs"):
+        if path.endswith(("/steps", "/runs", "/provision")):  # engines met: 502, 503
             statuses += _SUBMIT
+    if method == "delete":
+        statuses.append("409")  # what is in use is not deleted
     return tuple(statuses)
 
 

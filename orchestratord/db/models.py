@@ -60,6 +60,9 @@ class Run(Base):
     flow_id: Mapped[str] = mapped_column(sa.ForeignKey("flows.flow_id"), index=True)
     mode: Mapped[str] = mapped_column(sa.String(16))
     seed: Mapped[int] = mapped_column(sa.BigInteger)
+    # The creator gave the seed (else the server drew it): a seeded run's sampling steps go
+    # only to engines that take a seed (orchestrator_core.placement, "Seeds").
+    seed_given: Mapped[bool] = mapped_column(sa.Boolean, default=False, server_default=sa.false())
     source_run_id: Mapped[str | None] = mapped_column(sa.String(40))
     status: Mapped[str] = mapped_column(sa.String(16))
     budgets: Mapped[dict[str, Any]] = mapped_column(Json)
@@ -226,4 +229,20 @@ class ReplicaState(Base):
     pool_id: Mapped[str] = mapped_column(sa.String(128), primary_key=True)
     replica_id: Mapped[str] = mapped_column(sa.String(128), primary_key=True)
     draining: Mapped[bool] = mapped_column(sa.Boolean)
+    updated_at: Mapped[datetime] = mapped_column(Ts)
+
+
+class PoolRow(Base):
+    """A pool as data: declared by the pools file, created through the API, or provisioned.
+
+    ``spec`` is the pool as the pools file writes it (``orchestratord.pools.config.PoolSpec``);
+    ``provision`` says, for a provisioned pool, who started its engines and how to stop them.
+    Every process builds its pools from these rows (``orchestratord.pools.store``)."""
+
+    __tablename__ = "pools"
+    pool_id: Mapped[str] = mapped_column(sa.String(128), primary_key=True)
+    source: Mapped[str] = mapped_column(sa.String(16))  # file | api | provisioned
+    spec: Mapped[dict[str, Any]] = mapped_column(Json)
+    provision: Mapped[dict[str, Any] | None] = mapped_column(Json, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(Ts)
     updated_at: Mapped[datetime] = mapped_column(Ts)

@@ -1,7 +1,7 @@
 """What the pools serve, as shown: per replica and pool in ``GET /v1/pools``, and as the
 capability snapshot (``contracts.capabilities``) of ``GET /v1/capabilities``.
 
-A replica serves the model named for it in the pools file and the one its engine reports;
+A replica serves the model named for it in the pools file and those its engine reports;
 its context size and features are what its engine reports; its GPUs are declared in the
 pools file (``pools/config.py``). A pool shows the union of its replicas' models, the
 features every replica offers (what placement counts on), the smallest context size and its

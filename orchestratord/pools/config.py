@@ -34,6 +34,7 @@ from pydantic import (
     ValidationError,
     model_validator,
 )
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from orchestrator_core.errors import InvalidParams
 from orchestrator_core.pricing import Price, parse_price
@@ -153,20 +154,22 @@ class PoolSpec(BaseModel):
         if len(ids) != len(set(ids)):
             raise ValueError("replica_id values must be unique within a pool")
         engine = variant(self.engine)
-        for replica in self.replicas:
-            if wrong := engine.slots_error(replica.slots):
-                raise ValueError(wrong)
+        errors: list[InitErrorDetails] = []  # each named where it is: replicas.N.FIELD
         for i, replica in enumerate(self.replicas):
-            if wrong := engine.url_error(replica.url):
-                raise ValueError(f"replicas.{i}.url: {wrong}")
-        errors = [  # each named where it is: replicas.N.options.FIELD
-            error
-            for i, replica in enumerate(self.replicas)
-            for error in engine.option_errors(replica.options, at=("replicas", i, "options"))
-        ]
+            for field, wrong, value in (
+                ("slots", engine.slots_error(replica.slots), replica.slots),
+                ("url", engine.url_error(replica.url), replica.url),
+            ):
+                if wrong:
+                    errors.append(_at(("replicas", i, field), wrong, value))
+            errors += engine.option_errors(replica.options, at=("replicas", i, "options"))
         if errors:
             raise ValidationError.from_exception_data(type(self).__name__, errors)
         return self
+
+
+def _at(loc: tuple[str | int, ...], message: str, value: Any) -> InitErrorDetails:
+    return InitErrorDetails(type=PydanticCustomError("value_error", message), loc=loc, input=value)
 
 
 class PoolsFile(BaseModel):

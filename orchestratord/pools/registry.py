@@ -51,8 +51,10 @@ class Replica:
 
     @property
     def models(self) -> frozenset[str]:
-        """The models it serves, as configured and as its engine reports them."""
-        named = {self.model, self.capabilities.get("model")}
+        """The models it serves: as configured, and every one its engine reports (an
+        OpenAI-compatible server lists each model it serves)."""
+        reported = self.capabilities.get("models") or ()
+        named = {self.model, self.capabilities.get("model"), *reported}
         return frozenset(str(m) for m in named if m)
 
     @property
@@ -89,6 +91,8 @@ class Pool:
     capabilities: dict[str, Any] = field(default_factory=dict)
     queued: int = 0
     price: Price | None = None  # its own, from pools.yaml: wins over the price table
+    # what it was built from (``pools/store.py``); None: built in code from adapters
+    spec: PoolSpec | None = None
 
     @property
     def ready(self) -> bool:
@@ -237,9 +241,52 @@ class Pool:
         return {"slots_busy": busy, "slots_free": max(0, total - busy), "queue_depth": self.queued}
 
 
+@dataclass(frozen=True)
+class Changes:
+    """What ``PoolRegistry.apply`` did: pools it built (to start) and let go (to close)."""
+
+    added: list[Pool]
+    removed: list[Pool]
+
+    def __bool__(self) -> bool:
+        return bool(self.added or self.removed)
+
+
 class PoolRegistry:
-    def __init__(self, pools: list[Pool]) -> None:
+    def __init__(self, pools: list[Pool], settings: Settings | None = None) -> None:
         self.pools = {p.pool_id: p for p in pools}
+        self.settings = settings  # what new pools' adapters are built with
+        # the pools that are data (``pools/catalog.py``): built, rebuilt and let go by
+        # ``apply``; the others were given in code and stay as they are
+        self.managed: set[str] = set()
+        self._board: BreakerBoard | None = None
+
+    def apply(self, specs: dict[str, PoolSpec]) -> Changes:
+        """Make the pools built from data the ones in ``specs``: build those new or changed,
+        let go of those gone. Pools given in code (not ``managed``) stay as they are."""
+        added, removed = [], []
+        for pool_id, spec in specs.items():
+            current = self.pools.get(pool_id)
+            if current is not None and pool_id not in self.managed:
+                continue  # given in code
+            self.managed.add(pool_id)
+            if current is not None and current.spec == spec:
+                continue
+            pool = build_pool(spec, self.settings or Settings())
+            if current is not None:
+                removed.append(current)
+            self.pools[pool_id] = pool
+            self._watch(pool)
+            added.append(pool)
+        for pool_id in sorted(self.managed - set(specs)):
+            self.managed.discard(pool_id)
+            if pool_id in self.pools:
+                removed.append(self.pools.pop(pool_id))
+        return Changes(added=added, removed=removed)
+
+    def fixed(self) -> set[str]:
+        """The pools given in code, not data."""
+        return set(self.pools) - self.managed
 
     def get(self, pool_id: str) -> Pool | None:
         return self.pools.get(pool_id)
@@ -257,17 +304,23 @@ class PoolRegistry:
 
     def watch_breakers(self, board: BreakerBoard) -> None:
         """Replicas whose breaker fails calls fast take no steps (``Replica.state``)."""
+        self._board = board
         for pool in self.pools.values():
-            for replica in pool.replicas:
-                target = pool.breaker_target(replica.replica_id)
-                replica.breaker_open = functools.partial(board.is_open, target)
+            self._watch(pool)
+
+    def _watch(self, pool: Pool) -> None:
+        if self._board is None:
+            return
+        for replica in pool.replicas:
+            target = pool.breaker_target(replica.replica_id)
+            replica.breaker_open = functools.partial(self._board.is_open, target)
 
     def views(self) -> list[PoolView]:
         return [p.placement_view() for p in self.pools.values()]
 
-    async def refresh(self) -> None:
-        """Ask every replica for health, and every pool for its capabilities."""
-        for pool in self.pools.values():
+    async def refresh(self, pools: list[Pool] | None = None) -> None:
+        """Ask every replica (of ``pools``: default all) for health and capabilities."""
+        for pool in list(self.pools.values()) if pools is None else pools:
             for replica in pool.replicas:
                 try:
                     await replica.adapter.start()
@@ -300,9 +353,14 @@ class PoolRegistry:
                 )
         return out
 
-    async def aclose(self) -> None:
+    async def aclose(self, pools: list[Pool] | None = None) -> None:
+        """Close the adapters of ``pools`` (default: all)."""
         await asyncio.gather(
-            *(r.adapter.aclose() for p in self.pools.values() for r in p.replicas),
+            *(
+                r.adapter.aclose()
+                for p in (self.pools.values() if pools is None else pools)
+                for r in p.replicas
+            ),
             return_exceptions=True,
         )
 
@@ -329,28 +387,28 @@ def build_adapter(engine: str, replica: ReplicaSpec, settings: Settings) -> Work
     return found.adapter_for(config, replica.options, engine_defaults(settings))
 
 
-def build_registry(specs: list[PoolSpec], settings: Settings) -> PoolRegistry:
-    pools = []
-    for spec in specs:
-        replicas = [
-            Replica(
-                replica_id=r.replica_id,
-                adapter=build_adapter(spec.engine, r, settings),
-                slots=r.slots,
-                url=r.url,
-                model=r.model,
-                gpu=spec.gpu_of(r),
-                gpu_ids=gpu_ids(spec.pool_id, r.replica_id, spec.gpu_of(r)),
-            )
-            for r in spec.replicas
-        ]
-        pools.append(
-            Pool(
-                pool_id=spec.pool_id,
-                engine=spec.engine,
-                tags=spec.tags,
-                replicas=replicas,
-                price=spec.own_price(),
-            )
+def build_pool(spec: PoolSpec, settings: Settings) -> Pool:
+    replicas = [
+        Replica(
+            replica_id=r.replica_id,
+            adapter=build_adapter(spec.engine, r, settings),
+            slots=r.slots,
+            url=r.url,
+            model=r.model,
+            gpu=spec.gpu_of(r),
+            gpu_ids=gpu_ids(spec.pool_id, r.replica_id, spec.gpu_of(r)),
         )
-    return PoolRegistry(pools)
+        for r in spec.replicas
+    ]
+    return Pool(
+        pool_id=spec.pool_id,
+        engine=spec.engine,
+        tags=spec.tags,
+        replicas=replicas,
+        price=spec.own_price(),
+        spec=spec,
+    )
+
+
+def build_registry(specs: list[PoolSpec], settings: Settings) -> PoolRegistry:
+    return PoolRegistry([build_pool(spec, settings) for spec in specs], settings)

@@ -7,12 +7,14 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Response
 
 from contracts.records import PoolOut
 from orchestrator_core.errors import NotFound
 from orchestratord.api.auth import ADMIN, READ
 from orchestratord.api.deps import orchestrator
+from orchestratord.pools.config import PoolSpec
+from orchestratord.pools.provisioning.request import ProvisionRequest
 from orchestratord.pools.registry import Pool
 from orchestratord.pools.slots import Slots
 from orchestratord.runtime import Orchestrator
@@ -31,7 +33,18 @@ async def _views(orch: Orchestrator, pools: list[Pool]) -> list[PoolOut]:
         drained = None if held is None else await Slots.draining(session)
     if drained is not None:
         orch.pools.saw_draining(drained)
-    return [scrub_pool(p.view(queued.get(p.pool_id, 0), held), orch.scrubber) for p in pools]
+    return [
+        scrub_pool(_with_record(orch, p.view(queued.get(p.pool_id, 0), held)), orch.scrubber)
+        for p in pools
+    ]
+
+
+def _with_record(orch: Orchestrator, view: PoolOut) -> PoolOut:
+    """Where the pool comes from, as its row says."""
+    record = orch.catalog.records.get(view.pool_id)
+    if record is None:
+        return view
+    return view.model_copy(update={"source": record.source, "provision": record.provision})
 
 
 @router.get("/v1/pools", dependencies=[READ], response_model=list[PoolOut], tags=["pools"])
@@ -43,6 +56,56 @@ async def list_pools(orch: Orchestrator = Depends(orchestrator)) -> list[PoolOut
 async def get_pool(pool_id: str, orch: Orchestrator = Depends(orchestrator)) -> PoolOut:
     (view,) = await _views(orch, [orch.pools.require(pool_id)])
     return view
+
+
+@router.post(
+    "/v1/pools",
+    dependencies=[ADMIN],
+    response_model=PoolOut,
+    status_code=201,
+    tags=["pools"],
+    summary="Create a pool (its body as the pools file writes one); every process serves it",
+    responses={200: {"description": "The same pool existed: nothing changed"}},
+)
+async def create_pool(
+    spec: PoolSpec, response: Response, orch: Orchestrator = Depends(orchestrator)
+) -> PoolOut:
+    pool, created = await orch.catalog.create(spec, "api")
+    if not created:
+        response.status_code = 200
+    (view,) = await _views(orch, [pool])
+    return view
+
+
+@router.post(
+    "/v1/pools/provision",
+    dependencies=[ADMIN],
+    response_model=PoolOut,
+    status_code=201,
+    tags=["pools"],
+    summary="Start engines on this host and serve them as a pool once healthy",
+    responses={200: {"description": "The same request made this pool already"}},
+)
+async def provision_pool(
+    body: ProvisionRequest, response: Response, orch: Orchestrator = Depends(orchestrator)
+) -> PoolOut:
+    pool, created = await orch.provisioning.provision(body)
+    if not created:
+        response.status_code = 200
+    (view,) = await _views(orch, [pool])
+    return view
+
+
+@router.delete(
+    "/v1/pools/{pool_id}",
+    dependencies=[ADMIN],
+    status_code=204,
+    tags=["pools"],
+    summary="Remove a pool no step runs or waits on; a provisioned pool's engines stop",
+)
+async def delete_pool(pool_id: str, orch: Orchestrator = Depends(orchestrator)) -> Response:
+    await orch.provisioning.delete(pool_id)
+    return Response(status_code=204)
 
 
 async def _drain(orch: Orchestrator, pool_id: str, replica_id: str, on: bool) -> PoolOut:

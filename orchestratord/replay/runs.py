@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -11,11 +12,14 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from contracts.common import placement_to_json
 from contracts.runs import RunCreate
 from orchestrator_core.lifecycle import StepStatus
+from orchestrator_core.placement import PoolView
 from orchestrator_core.replay import (
     EngineIdentity,
     RecordedReplica,
+    RecordedSample,
     StrictReplayMismatch,
     run_mismatches,
+    seedless_mismatches,
 )
 from orchestratord.db.models import Run, Step
 
@@ -72,6 +76,28 @@ async def recorded_replicas(session: AsyncSession, source_run_id: str) -> list[R
     return list(seen.values())
 
 
+async def recorded_samples(session: AsyncSession, source_run_id: str) -> list[RecordedSample]:
+    """The recorded run's engine steps that ran on a replica and sampled (temperature above
+    0), in their order: the steps a strict_replay runs again whose tokens depend on the seed."""
+    # (imported here: the kinds import the facts service, which imports the runs service,
+    # which imports this module)
+    from orchestratord.steps.kinds import KINDS
+
+    rows = await session.execute(
+        sa.select(Step.step_id, Step.type, Step.input, Step.pool_id, Step.replica_id)
+        .where(Step.run_id == source_run_id, Step.replica_id.is_not(None))
+        .order_by(Step.position)
+    )
+    out: list[RecordedSample] = []
+    for step_id, type_, stored, pool_id, replica_id in rows.all():
+        kind = KINDS.get(type_)
+        llm = kind.llm_input(stored) if kind is not None and kind.engine else None
+        if llm is None or pool_id is None or replica_id is None or not llm.params.samples:
+            continue
+        out.append(RecordedSample(step_id, pool_id, replica_id, llm.params.temperature))
+    return out
+
+
 async def check_strict(
     session: AsyncSession,
     *,
@@ -79,8 +105,10 @@ async def check_strict(
     source: Run,
     settings: ReplaySettings,
     identities: dict[tuple[str, str], EngineIdentity],
+    pools: Sequence[PoolView],
 ) -> None:
-    """Refuse a strict_replay whose determinism inputs differ from the record, naming all."""
+    """Refuse a strict_replay whose determinism inputs differ from the record, naming all;
+    among them the engines that take no seed where a recorded step sampled."""
     mismatches = run_mismatches(
         recorded_flow=source.flow_id,
         requested_flow=flow_id,
@@ -90,6 +118,12 @@ async def check_strict(
         requested_policy=settings.policy,
         recorded_replicas=await recorded_replicas(session, source.run_id),
         current=identities,
+    )
+    mismatches += seedless_mismatches(
+        recorded_seed=source.seed,
+        sampled=await recorded_samples(session, source.run_id),
+        features={p.pool_id: p.features for p in pools},
+        engines={where: identity.engine for where, identity in identities.items()},
     )
     if mismatches:
         raise StrictReplayMismatch(mismatches)

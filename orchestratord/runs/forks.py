@@ -50,6 +50,7 @@ async def fork_run(tx: Tx, *, run_id: str, body: RunFork) -> Run:
         flow_id=parent.flow_id,
         mode="record",
         seed=parent.seed,
+        seed_given=parent.seed_given,
         source_run_id=None,
         status=RunStatus.RUNNING.value,
         budgets=parent.budgets,

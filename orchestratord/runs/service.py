@@ -12,7 +12,7 @@ from contracts.runs import RunComplete, RunCreate
 from orchestrator_core import clock
 from orchestrator_core.errors import InvalidParams, NotFound
 from orchestrator_core.lifecycle import RunEnded, RunStatus, StepStatus
-from orchestrator_core.placement import PoolView, validate_placement
+from orchestrator_core.placement import SEED, PoolView, placement_rule, validate_placement
 from orchestrator_core.policy import RulePolicy
 from orchestrator_core.replay import EngineIdentity
 from orchestratord.db.models import Run, Step
@@ -69,6 +69,8 @@ async def create_run(
         budgets = body.budgets.model_dump()
         pool_policy = placement_to_json(body.pool_policy)
         validate_placement(pool_policy, pools, field="pool_policy")
+        if body.seed is not None:
+            _check_seeded_pin(pool_policy, pools, identities)
         fs_policy = body.fs_policy.model_dump()
         price_version = (prices.get(price_table) if price_table else prices.latest()).version
     else:
@@ -76,7 +78,12 @@ async def create_run(
         replay = inherited(body, source)
         if body.mode == "strict_replay":
             await check_strict(
-                session, flow_id=flow_id, source=source, settings=replay, identities=identities
+                session,
+                flow_id=flow_id,
+                source=source,
+                settings=replay,
+                identities=identities,
+                pools=pools,
             )
         seed, policy, budgets = replay.seed, replay.policy, replay.budgets
         pool_policy, fs_policy = replay.pool_policy, replay.fs_policy
@@ -96,6 +103,7 @@ async def create_run(
         flow_id=flow_id,
         mode=body.mode,
         seed=seed,
+        seed_given=body.seed is not None,
         source_run_id=body.source_run_id,
         status=RunStatus.RUNNING.value,
         budgets=budgets,
@@ -112,6 +120,31 @@ async def create_run(
     session.add(run)
     await session.flush()
     return run
+
+
+def _check_seeded_pin(
+    pool_policy: Any, pools: list[PoolView], identities: dict[tuple[str, str], EngineIdentity]
+) -> None:
+    """A run given a seed and pinned to a pool whose engine takes no seed (as it reports
+    now) is refused, naming the engine and ``seed``: none of its sampling steps could honour
+    the seed. A pool whose engine has not reported its features is not refused. (Placed
+    ``auto`` or by affinity, each sampling step of such a run goes where a seed is taken:
+    ``Needs.of(llm, seeded=True)``.)"""
+    if placement_rule(pool_policy) != "pin":
+        return
+    pool_id = pool_policy["pin"]
+    view = next((p for p in pools if p.pool_id == pool_id), None)
+    if view is None or view.features is None or SEED in view.features:
+        return
+    engines = sorted({str(i.engine) for (p, _), i in identities.items() if p == pool_id})
+    engine = ", ".join(engines) or "unknown"
+    raise InvalidParams(
+        f"a seeded run needs an engine that takes a seed: pool_policy pins pool {pool_id!r}"
+        f" (engine {engine}), which has none; leave seed out (its steps then sample"
+        " unseeded) or pin a pool whose engine takes one",
+        field="seed",
+        details={"pool_id": pool_id, "engine": engine},
+    )
 
 
 async def get_run(session: AsyncSession, *, run_id: str, lock: bool = False) -> Run:

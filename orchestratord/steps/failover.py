@@ -36,7 +36,7 @@ async def move_queued(db: Database, pools: PoolRegistry) -> int:
     moved = 0
     async with db.write() as session:
         stmt = (
-            sa.select(Step, Run.pool_policy)
+            sa.select(Step, Run.pool_policy, Run.seed_given)
             .join(Run, Run.run_id == Step.run_id)
             .where(
                 Step.status == StepStatus.QUEUED.value,
@@ -48,12 +48,13 @@ async def move_queued(db: Database, pools: PoolRegistry) -> int:
         )
         if not db.is_sqlite:
             stmt = stmt.with_for_update(of=Step, skip_locked=True)
-        for step, pool_policy in (await session.execute(stmt)).all():
+        for step, pool_policy, seeded in (await session.execute(stmt)).all():
             placement = step.placement if step.placement is not None else pool_policy
             if placement_rule(placement) == "pin":
                 continue  # honoured: it waits for its pool
             kind = KINDS.get(step.type)
-            needs = Needs.of(kind.llm_input(step.input) if kind is not None else None)
+            llm = kind.llm_input(step.input) if kind is not None else None
+            needs = Needs.of(llm, seeded=bool(seeded))  # a seeded run's sampling step: seed
             try:
                 placed = decide(placement, views, field="placement", needs=needs)
             except OrchestratorError:  # nowhere else may take it now: it waits

@@ -527,6 +527,7 @@ async def test_capabilities() -> None:
         "engine": "sim",
         "engine_version": SIM_VERSION,
         "model": "sim-x",
+        "models": ["sim-x"],
         "model_hash": adapter.model_hash,
         "context_size": 2048,
         "quantization": None,

@@ -23,9 +23,12 @@ OPEN = {"/healthz"}
 
 
 ADMIN_ROUTES = {
-    "/v1/runs:import",
-    "/v1/pools/{pool_id}/replicas/{replica_id}/drain",
-    "/v1/pools/{pool_id}/replicas/{replica_id}/undrain",
+    ("POST", "/v1/runs:import"),
+    ("POST", "/v1/pools/{pool_id}/replicas/{replica_id}/drain"),
+    ("POST", "/v1/pools/{pool_id}/replicas/{replica_id}/undrain"),
+    ("POST", "/v1/pools"),
+    ("POST", "/v1/pools/provision"),
+    ("DELETE", "/v1/pools/{pool_id}"),
 }
 
 
@@ -44,7 +47,7 @@ def test_every_route_declares_its_scope() -> None:
             continue
         assert scope is not None, f"{route.path} declares no scope"
         methods = route.methods or set()
-        if route.path in ADMIN_ROUTES:
+        if any((method, route.path) in ADMIN_ROUTES for method in methods):
             assert scope is Scope.ADMIN, route.path
         elif methods <= {"GET", "HEAD"}:
             assert scope is Scope.READ, route.path

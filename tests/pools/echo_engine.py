@@ -52,6 +52,9 @@ class EchoAdapter(WorkerAdapter):
             model=self.model,
             model_hash="sha256:" + "e" * 64,
             context_size=1024,
+            # its words are the prompt's alone: a seed gives the same tokens again (a seeded
+            # run's sampling steps go only to engines saying so, docs/placement.md "Seeds")
+            features=("seed",),
         )
 
 

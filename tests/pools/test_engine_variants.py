@@ -244,7 +244,7 @@ def test_a_grpc_url_of_no_accepted_form_is_refused(
 ) -> None:
     path = tmp_path / "pools.yaml"
     path.write_text(POOL.format(engine=engine, url=url, option="{}"))
-    with pytest.raises(PoolConfigError, match=r"pools.0 .*replicas.0.url: ") as info:
+    with pytest.raises(PoolConfigError, match=r"pools\.0\.replicas\.0\.url \(line 6\): ") as info:
         load_pools_file(path)
     assert says in str(info.value)
 

@@ -23,7 +23,7 @@ from test_harness.kakeya_runtime import serve_kakeya
 from test_harness.salience_runtime import serve_salience
 from test_harness.uma_runtime import serve_uma
 from tests.conftest import make_settings
-from tests.helpers import make_run, submit, tokens_committed, wait_status
+from tests.helpers import make_run, seed_on, submit, tokens_committed, wait_status
 
 ENGINES = ["kakeya", "salience", "uma"]
 # the raw-token engines tokenize here, with the sim's vocabulary (UMA tokenizes itself)
@@ -97,7 +97,7 @@ def cancels_seen(rig: Rig) -> int:
 
 async def test_a_cancel_reaches_the_engine(rig: Rig) -> None:
     held = rig.runtime.faults.hold(3)  # the engine pauses after 3 tokens
-    run_id = await make_run(rig.client, seed=1)
+    run_id = await make_run(rig.client, seed=seed_on(rig.engine, 1))
     step_id = (await submit(rig.client, run_id, prompt="alpha", max_tokens=40)).json()["step_id"]
     await tokens_committed(rig.orch.db, step_id, 3)
     assert (await rig.client.post(f"/v1/steps/{step_id}/cancel")).status_code == 202
@@ -156,7 +156,7 @@ async def test_each_engine_error_is_the_steps_error(
             rig.runtime.faults.fail_next(1, fault)
         else:
             rig.runtime.faults.fail_next(1, fault, method="Generate")
-        run_id = await make_run(rig.client, seed=1)
+        run_id = await make_run(rig.client, seed=seed_on(rig.engine, 1))
         step_id = (await submit(rig.client, run_id, prompt="alpha", max_tokens=5)).json()["step_id"]
         step = await wait_status(rig.client, step_id, "failed", "succeeded")
         if code is None:
@@ -178,7 +178,7 @@ async def test_a_session_the_engine_lost_is_recreated_from_the_runs_record(
     engine: str, tmp_path: Path
 ) -> None:
     async with rig_for(engine, tmp_path) as rig:
-        run_id = await make_run(rig.client, seed=2)
+        run_id = await make_run(rig.client, seed=seed_on(rig.engine, 2))
         first = (await submit(rig.client, run_id, prompt="alpha beta ", max_tokens=4)).json()
         one = await wait_status(rig.client, first["step_id"], "failed", "succeeded")
         assert one["status"] == "succeeded"
@@ -228,7 +228,7 @@ async def test_salience_logprobs_and_top_alternatives_are_on_token_events(
     from tests.helpers import read_stream
 
     async with rig_for("salience", tmp_path, top_logprobs=3) as rig:
-        run_id = await make_run(rig.client, seed=4)
+        run_id = await make_run(rig.client, seed=seed_on(rig.engine, 4))
         asked = (
             await submit(rig.client, run_id, prompt="alpha ", max_tokens=5, logprobs=True)
         ).json()
@@ -257,7 +257,7 @@ async def test_a_forked_run_forks_its_parents_engine_session(tmp_path: Path) -> 
     of the parent's session at the prefix they share: the shared tokens are not sent again."""
     async with rig_for("salience", tmp_path) as rig:
         c = rig.client
-        parent = await make_run(c, seed=6)
+        parent = await make_run(c, seed=seed_on(rig.engine, 6))
         one = (await submit(c, parent, prompt="alpha beta gamma ", max_tokens=6)).json()
         first = await wait_status(c, one["step_id"], "failed", "succeeded")
         assert first["status"] == "succeeded"
@@ -297,7 +297,7 @@ async def test_drift_between_engine_and_record_is_repaired(engine: str, tmp_path
     the engine holds afterwards is the record, not the stray token."""
     async with rig_for(engine, tmp_path) as rig:
         c = rig.client
-        run_id = await make_run(c, seed=8)
+        run_id = await make_run(c, seed=seed_on(engine, 8))
         one = (await submit(c, run_id, prompt="alpha beta ", max_tokens=4)).json()
         first = await wait_status(c, one["step_id"], "failed", "succeeded")
         store = rig.runtime.store

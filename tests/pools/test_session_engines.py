@@ -21,7 +21,7 @@ from test_harness.kakeya_runtime import SimTokenEngine, serve_kakeya
 from test_harness.salience_runtime import serve_salience
 from test_harness.uma_runtime import serve_uma
 from tests.conftest import make_settings
-from tests.helpers import make_run, read_stream, started_client, submit, wait_status
+from tests.helpers import make_run, read_stream, seed_on, started_client, submit, wait_status
 
 ENGINES = ["kakeya", "salience", "uma"]
 # the raw-token engines tokenize here, with the sim's vocabulary (UMA tokenizes itself)
@@ -66,7 +66,9 @@ async def client(
 async def test_a_step_runs_on_the_engine_and_streams_its_tokens(
     client: httpx.AsyncClient,
 ) -> None:
-    run_id = await make_run(client, seed=5)
+    (pool,) = (await client.get("/v1/pools")).json()
+    seed = seed_on(pool["engine"], 5)
+    run_id = await make_run(client, seed=seed)
     step_id = (await submit(client, run_id, prompt="hello there", max_tokens=12)).json()["step_id"]
     step = await wait_status(client, step_id, "succeeded", "failed")
     assert step["status"] == "succeeded", step.get("error")
@@ -76,8 +78,9 @@ async def test_a_step_runs_on_the_engine_and_streams_its_tokens(
     assert 0 < len(tokens) <= 12 and step["usage"]["tokens_out"] == len(tokens)
     text = "".join(tokens)
     assert text == step["output"]["text"]
-    # the same step in another run with the same seed gives the same tokens
-    again_run = await make_run(client, seed=5)
+    # the same step in another run with the same seed gives the same tokens (Salience takes
+    # no seed: its reference runtime samples with one of its own)
+    again_run = await make_run(client, seed=seed)
     again = (await submit(client, again_run, prompt="hello there", max_tokens=12)).json()
     done = await wait_status(client, again["step_id"], "succeeded", "failed")
     assert done["output"]["text"] == text
@@ -92,7 +95,8 @@ def test_a_replica_without_its_address_is_refused_naming_the_field(
         f"pools:\n  - pool_id: p\n    engine: {engine}\n    replicas:\n      - replica_id: r1\n"
     )
     with pytest.raises(
-        PoolConfigError, match=f"pools.0 .*replicas.0.url: an? {engine} replica needs its"
+        PoolConfigError,
+        match=rf"pools\.0\.replicas\.0\.url \(line \d+\): an? {engine} replica needs its",
     ):
         load_pools_file(path)
 
@@ -138,7 +142,7 @@ async def test_a_run_keeps_one_engine_session_and_sends_only_new_tokens(
     async with two_replicas(engine, tmp_path) as (orch, runtimes):
         transport = httpx.ASGITransport(app=create_app(orchestrator=orch))
         async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
-            run_id = await make_run(client, seed=3)
+            run_id = await make_run(client, seed=seed_on(engine, 3))
             conversation = "alpha beta "
             sent_in_full = 0
             replicas = set()
@@ -267,7 +271,7 @@ async def test_a_grpc_url_reaches_the_engine_at_its_host_and_port(
         url = f"grpc://{rt.address}"
         async with served_pool(engine, tmp_path, url, {"tokenizer": "sim"}) as client:
             (pool,) = (await client.get("/v1/pools")).json()
-            run_id = await make_run(client, seed=5)
+            run_id = await make_run(client, seed=seed_on(engine, 5))
             step_id = (await submit(client, run_id, prompt="alpha beta", max_tokens=4)).json()[
                 "step_id"
             ]
@@ -309,7 +313,7 @@ async def test_the_packaged_tokenizer_is_the_packaged_gguf_s_vocabulary(
         options = {"tokenizer": "packaged"}
         async with served_pool(engine, tmp_path, rt.address, options) as client:
             (pool,) = (await client.get("/v1/pools")).json()
-            run_id = await make_run(client)
+            run_id = await make_run(client, seed=seed_on(engine, 42))
             step_id = (await submit(client, run_id, prompt="The sky is", max_tokens=2)).json()[
                 "step_id"
             ]

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from orchestratord.api.app import create_app
-from tests.helpers import make_run, submit, wait_status
+from tests.helpers import make_run, seed_on, submit, wait_status
 from tests.pools.test_session_engines import two_replicas
 from worker_adapters.sessions import continuation
 from worker_adapters.tokenizers import SimTokenizer
@@ -44,7 +44,7 @@ async def test_turns_re_sending_their_text_open_one_session_and_send_only_new_te
     async with two_replicas(engine, tmp_path) as (orch, runtimes):
         transport = httpx.ASGITransport(app=create_app(orchestrator=orch))
         async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
-            run_id = await make_run(client, seed=3)
+            run_id = await make_run(client, seed=seed_on(engine, 3))
             probes = sum(rt.store.created for rt in runtimes)  # Salience's capabilities()
             received: list[int] = []
             prompt = FIRST

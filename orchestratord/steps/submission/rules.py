@@ -141,7 +141,7 @@ def _placed(sub: Submission, placement: Any, *, field: str) -> Placed:
             placement,
             sub.ctx.pools.views(),
             field=field,
-            needs=Needs.of(sub.kind.llm_input(sub.stored)),
+            needs=Needs.of(sub.kind.llm_input(sub.stored), seeded=bool(sub.run.seed_given)),
         )
     except (PoolUnavailable, InvalidParams) as exc:
         if sub.kept is None:
