@@ -31,6 +31,8 @@ def _settings(args: argparse.Namespace) -> Settings:
     settings = Settings(**overrides)
     if getattr(args, "auth", False):
         settings.auth.enabled = True
+    if getattr(args, "evergreen_port", None) is not None:
+        settings.evergreen.port = args.evergreen_port
     return settings
 
 
@@ -212,6 +214,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="engine of the local pool: a registered engine that needs no url (sim, llama)",
     )
     p_serve.add_argument("--pools", metavar="FILE", help="YAML file of pools")
+    p_serve.add_argument(
+        "--evergreen-port",
+        type=int,
+        metavar="N",
+        help="also serve the Evergreen gRPC front door on this port (docs/evergreen.md)",
+    )
     p_serve.add_argument(
         "--auth", action="store_true", help="require an API key even before any key exists"
     )

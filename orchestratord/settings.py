@@ -244,6 +244,25 @@ class ProvisionSettings(BaseModel):
     )
 
 
+class EvergreenSettings(BaseModel):
+    port: int | None = Field(
+        default=None,
+        ge=0,
+        le=65535,
+        description="Port of the Evergreen gRPC front door (on `host`); unset: off",
+    )
+    input_wait_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="How long an action waits for input nodes not received yet",
+    )
+    max_nodes: int = Field(default=10_000, ge=1, description="Nodes one session may hold")
+    max_bytes: int = Field(
+        default=64 << 20, ge=1, description="Bytes of chunk payloads one session may hold"
+    )
+    max_depth: int = Field(default=64, ge=1, description="Nesting depth of a node tree")
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="ORCHESTRATORD_", env_nested_delimiter="__")
 
@@ -306,3 +325,4 @@ class Settings(BaseSettings):
     limits: LimitSettings = Field(default_factory=LimitSettings)
     tracing: TracingSettings = Field(default_factory=TracingSettings)
     provision: ProvisionSettings = Field(default_factory=ProvisionSettings)
+    evergreen: EvergreenSettings = Field(default_factory=EvergreenSettings)

@@ -21,7 +21,13 @@ from pathlib import Path
 
 PROTO_DIR = Path(__file__).resolve().parent
 GEN_DIR = PROTO_DIR / "gen"
-SOURCES = ("kakeya_runtime.proto", "salience.proto", "evergreen.proto", "evergreen_service.proto")
+SOURCES = (
+    "kakeya_runtime.proto",
+    "salience.proto",
+    "evergreen.proto",
+    "evergreen_service.proto",
+    "orchestratord_evergreen.proto",
+)
 STAMP = "STAMP"
 # Raised when the post-processing below changes, so older builds count as stale.
 _LAYOUT = "1"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING
 
 from fastapi import Depends, FastAPI
 from starlette.types import Receive, Scope, Send
@@ -29,6 +30,9 @@ from orchestratord.steps import routes as steps
 from orchestratord.streams import routes as streams
 from orchestratord.streams.response import RAW_SEND
 
+if TYPE_CHECKING:
+    from orchestratord.evergreen.server import EvergreenServer
+
 
 class App(FastAPI):
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -48,6 +52,18 @@ def freeze_startup_heap() -> None:
     gc.freeze()
 
 
+async def _evergreen(orch: Orchestrator) -> EvergreenServer | None:
+    """The Evergreen front door, when its port is set (``--evergreen-port``)."""
+    port = orch.settings.evergreen.port
+    if port is None:
+        return None
+    from orchestratord.evergreen.server import EvergreenServer
+
+    front = EvergreenServer(orch, host=orch.settings.host, port=port)
+    await front.start()
+    return front
+
+
 def create_app(
     settings: Settings | None = None, *, orchestrator: Orchestrator | None = None
 ) -> FastAPI:
@@ -63,10 +79,13 @@ def create_app(
         await orch.start()
         orch.reload_on_sighup()
         app.state.orchestrator = orch
+        front = await _evergreen(orch)
         freeze_startup_heap()
         try:
             yield
         finally:
+            if front is not None:
+                await front.stop()
             await orch.stop()
 
     app = App(

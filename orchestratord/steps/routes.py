@@ -15,6 +15,7 @@ from orchestratord.runtime import Orchestrator
 from orchestratord.steps.kinds import kind_of
 from orchestratord.steps.queries import get_step as read_step
 from orchestratord.steps.queries import shown_status, step_view
+from orchestratord.steps.submission import Submitted
 from orchestratord.steps.submission import submit_step as submit
 from orchestratord.streams.routes import admit as admit_stream
 from orchestratord.streams.routes import let_go, submitted_step_stream
@@ -79,48 +80,20 @@ async def answer_submission(
     """The submission's answer, encoded here, not validated again through the response model
     (the model still documents it). ``stream``: the answer is the step's stream, admitted
     (the process's and the key's stream limits) before the step is made."""
-    if principal is not None:
-        orch.rates.check_tokens(principal.key_id)
     if stream:
         admit_stream(orch, principal)
-    announced: list[str] = []
     try:
-        async with orch.tx() as tx:
-
-            def announce(new: Step) -> None:
-                # its log is empty until it commits: its streams start from memory
-                step_id = new.step_id
-                announced.append(step_id)
-                tx.on_rollback(lambda: orch.hub.forget_step(step_id))
-                orch.hub.expect_step(step_id, cancel_on_disconnect=new.cancel_on_disconnect)
-
-            done = await submit(
-                tx,
-                run_id=run_id,
-                body=typed,
-                ctx=orch.submit_context,
-                announce=announce if orch.hub_sees_every_write else None,
-            )
+        done = await submit_now(orch, run_id, typed, principal)
     except BaseException:
         if stream:
             let_go(orch, principal)
         raise
     step = done.step
-    for step_id in announced:  # made, but not stored (its token taken meanwhile...)
-        if step_id != step.step_id or not done.created:
-            orch.hub.forget_step(step_id)
-    status = shown_status(step)
     response = JsonResponse(
-        {"step_id": step.step_id, "status": status}, status_code=202 if done.created else 200
+        {"step_id": step.step_id, "status": shown_status(step)},
+        status_code=202 if done.created else 200,
     )
     set_budget_headers(response, done.run, done.ledger)
-    if done.created:
-        if principal is not None:
-            orch.rates.add_tokens(
-                principal.key_id, step.tokens_in_reserved + step.tokens_out_reserved
-            )
-        if status == "queued":  # a running one started with its submission
-            orch.dispatcher.wake(control=not kind_of(typed.type).engine)
     if stream:
         own = {k: v for k, v in response.headers.items() if k.startswith("x-budget-")}
         own["x-step-id"] = step.step_id
@@ -134,6 +107,45 @@ async def answer_submission(
             own_headers=own,
         )
     return response
+
+
+async def submit_now(
+    orch: Orchestrator, run_id: str, typed: AnyStepCreate, principal: Principal | None
+) -> Submitted:
+    """Submit a step as ``POST /v1/runs/{run_id}/steps`` does, whatever the front door: the
+    key's token rate, the submission's transaction, its stream announced to the hub, the
+    dispatcher woken for a queued step."""
+    if principal is not None:
+        orch.rates.check_tokens(principal.key_id)
+    announced: list[str] = []
+    async with orch.tx() as tx:
+
+        def announce(new: Step) -> None:
+            # its log is empty until it commits: its streams start from memory
+            step_id = new.step_id
+            announced.append(step_id)
+            tx.on_rollback(lambda: orch.hub.forget_step(step_id))
+            orch.hub.expect_step(step_id, cancel_on_disconnect=new.cancel_on_disconnect)
+
+        done = await submit(
+            tx,
+            run_id=run_id,
+            body=typed,
+            ctx=orch.submit_context,
+            announce=announce if orch.hub_sees_every_write else None,
+        )
+    step = done.step
+    for step_id in announced:  # made, but not stored (its token taken meanwhile...)
+        if step_id != step.step_id or not done.created:
+            orch.hub.forget_step(step_id)
+    if done.created:
+        if principal is not None:
+            orch.rates.add_tokens(
+                principal.key_id, step.tokens_in_reserved + step.tokens_out_reserved
+            )
+        if shown_status(step) == "queued":  # a running one started with its submission
+            orch.dispatcher.wake(control=not kind_of(typed.type).engine)
+    return done
 
 
 @router.get("/v1/steps/{step_id}", dependencies=[READ], response_model=StepOut)

@@ -10,7 +10,8 @@ from __future__ import annotations
 import asyncio
 import math
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import TypedDict
+from functools import partial
+from typing import Protocol, TypedDict, TypeVar
 
 import orjson
 
@@ -34,6 +35,17 @@ KEEPALIVE = b": keep-alive\n\n"
 KEEPALIVE_GRID_S = 0.25
 EndedBefore = Callable[[int], Awaitable[bool]]
 _IDLE_WAIT_S = 300.0  # a caught-up follower that every relevant commit wakes looks anyway
+Frame = TypeVar("Frame")
+Frame_co = TypeVar("Frame_co", covariant=True)
+
+
+class Narrator(Protocol[Frame_co]):
+    """What a follower says of a step while nothing happens (its place in a queue)."""
+
+    active: bool
+    poll_s: float
+
+    def __call__(self) -> Awaitable[Frame_co | None]: ...
 
 
 def encode_frames(events: list[LogEvent], *, run_cursor: bool) -> bytes:
@@ -54,9 +66,11 @@ async def _follow(
     poll_s: float,
     keepalive_s: float,
     on_close: Callable[[Channel, bool], object],
+    encode: Callable[[list[LogEvent]], Frame],
+    keepalive: Frame | None,
     ended_before: EndedBefore | None = None,
-    narrate: QueueNarration | None = None,
-) -> AsyncIterator[bytes]:
+    narrate: Narrator[Frame] | None = None,
+) -> AsyncIterator[Frame]:
     # The log is read at the start, when the live tail cannot serve the cursor, when another
     # process poked the channel (it appended here), and after a quiet wait of ``poll_s``.
     # With wake-ups (or one process, SQLite) ``poll_s`` is long: idle followers sleep. After
@@ -90,7 +104,7 @@ async def _follow(
                     ended = True  # resumed after the terminal event: nothing follows
                     return
             if events:
-                yield encode_frames(events, run_cursor=run_cursor)
+                yield encode(events)
                 ping_at = keepalive_due(clock(), keepalive_s)
                 look_at = None
                 last = events[-1]
@@ -105,7 +119,8 @@ async def _follow(
             quiet = poll_s if waiting is None else min(poll_s, waiting.poll_s)
             now = clock()
             if now >= ping_at:
-                yield KEEPALIVE
+                if keepalive is not None:
+                    yield keepalive
                 ping_at = keepalive_due(now, keepalive_s)
             if look_at is None:
                 look_at = now + quiet
@@ -187,16 +202,52 @@ def _pacing(orch: Orchestrator) -> _Pacing:
 def follow_step(
     orch: Orchestrator, step_id: str, from_seq: int, *, cancel_on_disconnect: bool
 ) -> AsyncIterator[bytes]:
+    def on_close(channel: Channel, ended: bool) -> None:
+        remaining = orch.hub.unsubscribe_step(step_id)
+        if cancel_on_disconnect and remaining == 0 and not ended and not channel.closed:
+            orch.cancel_step_soon(step_id)
+
+    return _follow_step(
+        orch,
+        step_id,
+        from_seq,
+        on_close=on_close,
+        encode=partial(encode_frames, run_cursor=False),
+        keepalive=KEEPALIVE,
+        narrate=QueueNarration(orch, step_id),
+    )
+
+
+def step_events(
+    orch: Orchestrator, step_id: str, from_seq: int = 0
+) -> AsyncIterator[list[LogEvent]]:
+    """A step's events in batches, from ``from_seq`` to its end, as its stream sends them
+    (for a front door other than SSE: no keep-alives, no queue narration)."""
+    return _follow_step(
+        orch,
+        step_id,
+        from_seq,
+        on_close=lambda _channel, _ended: orch.hub.unsubscribe_step(step_id),
+        encode=list,
+        keepalive=None,
+    )
+
+
+def _follow_step(
+    orch: Orchestrator,
+    step_id: str,
+    from_seq: int,
+    *,
+    on_close: Callable[[Channel, bool], object],
+    encode: Callable[[list[LogEvent]], Frame],
+    keepalive: Frame | None,
+    narrate: Narrator[Frame] | None = None,
+) -> AsyncIterator[Frame]:
     async def read(cursor: int, limit: int) -> list[LogEvent]:
         return await read_step_events(orch.db, step_id, cursor, limit)
 
     async def ended_before(cursor: int) -> bool:
         return await step_ended_before(orch.db, step_id, cursor)
-
-    def on_close(channel: Channel, ended: bool) -> None:
-        remaining = orch.hub.unsubscribe_step(step_id)
-        if cancel_on_disconnect and remaining == 0 and not ended and not channel.closed:
-            orch.cancel_step_soon(step_id)
 
     return _follow(
         lambda: orch.hub.subscribe_step(step_id),
@@ -205,8 +256,10 @@ def follow_step(
         run_cursor=False,
         **_pacing(orch),
         on_close=on_close,
+        encode=encode,
+        keepalive=keepalive,
         ended_before=ended_before,
-        narrate=QueueNarration(orch, step_id),
+        narrate=narrate,
     )
 
 
@@ -224,5 +277,7 @@ def follow_run(orch: Orchestrator, run_id: str, from_run_seq: int) -> AsyncItera
         run_cursor=True,
         **_pacing(orch),
         on_close=lambda _channel, _ended: orch.hub.unsubscribe_run(run_id),
+        encode=partial(encode_frames, run_cursor=True),
+        keepalive=KEEPALIVE,
         ended_before=ended_before,
     )

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import re
 from collections.abc import AsyncIterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ from orchestratord.eventlog import RUN_END, LogEvent
 from orchestratord.runtime import Orchestrator
 from orchestratord.streams.hub import Hub
 from orchestratord.streams.routes import resume_from
-from orchestratord.streams.sse import _follow
+from orchestratord.streams.sse import KEEPALIVE, _follow, encode_frames
 from tests.conftest import make_settings
 from tests.helpers import make_run, parse_sse, submit, wait_status
 
@@ -153,6 +154,8 @@ async def _resume(plan: dict[str, Any]) -> list[int]:
             poll_s=3600.0,  # only commits wake it: a lost wake-up hangs, and fails below
             keepalive_s=3600.0,
             on_close=lambda _channel, _ended: None,
+            encode=partial(encode_frames, run_cursor=run),
+            keepalive=KEEPALIVE,
             ended_before=ended_before,
         )
         text = b"".join([chunk async for chunk in frames]).decode()

@@ -91,6 +91,8 @@ async def test_idle_followers_that_went_quiet_apart_wait_for_the_same_keepalive_
             poll_s=300.0,
             keepalive_s=15.0,
             on_close=lambda _c, _e: None,
+            encode=list,
+            keepalive=None,
         )
         with pytest.raises(asyncio.CancelledError):
             await follower.__anext__()

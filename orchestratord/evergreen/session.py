@@ -1,0 +1,281 @@
+"""One Evergreen session: a run, its nodes, its actions as steps, its outputs as fragments.
+
+The session reads the client's messages as they come: fragments go to the node store
+(``nodes.py``: the protocol's rules), actions to a queue. Actions run one at a time in the
+order received (a step's position in its run is the order its action came in, what replay
+relies on); each waits for its input nodes (bounded: ``evergreen.input_wait_s``), submits its
+step as ``POST /v1/runs/{id}/steps`` does, and streams the step's tokens as fragments of its
+output node: ``seq`` from 0, metadata (``text/plain``, role ``model``) on seq 0 only,
+``continued`` until the last. Once done, the output is a node of the session, which later
+actions may name as input.
+
+The session ends when the client half-closes and every action has run (the run completes
+``succeeded``), when anything fails (the run ends ``failed``: the session aborts with the
+error's status, its body in the trailing metadata ``x-error``), or when the client cancels
+(the run is cancelled, its running steps with it, into their engines).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from pydantic import TypeAdapter, ValidationError
+
+from contracts.runs import RunComplete
+from contracts.steps import StepCreate
+from orchestrator_core.errors import OrchestratorError
+from orchestrator_core.keys import Principal
+from orchestratord.evergreen import actions as acts
+from orchestratord.evergreen.nodes import ChunkPart, Fragment, Limits, NodeStore, SessionAbort
+from orchestratord.evergreen.prompts import MODEL_ROLE
+from orchestratord.runs import service as runs
+from orchestratord.runtime import Orchestrator
+from orchestratord.steps.queries import get_step
+from orchestratord.steps.routes import submit_now
+from orchestratord.streams.sse import step_events
+
+log = logging.getLogger(__name__)
+
+_STEP = TypeAdapter(StepCreate)
+TEXT = "text/plain"
+
+
+@dataclass
+class Failure:
+    code: str  # a gRPC status name
+    message: str
+    body: dict[str, Any]
+
+
+class _Done:
+    """The end of the outgoing messages."""
+
+
+DONE = _Done()
+
+
+class Session:
+    def __init__(
+        self,
+        orch: Orchestrator,
+        pb: Any,  # contracts.protos.load()
+        *,
+        run_id: str,
+        seed: int,
+        principal: Principal | None,
+        tools: Sequence[str],
+    ) -> None:
+        settings = orch.settings.evergreen
+        self.orch = orch
+        self.pb = pb
+        self.run_id = run_id
+        self.principal = principal
+        self.tools = tuple(tools)
+        self.wait_s = settings.input_wait_s
+        self.store = NodeStore(
+            Limits(
+                max_nodes=settings.max_nodes,
+                max_bytes=settings.max_bytes,
+                max_depth=settings.max_depth,
+            )
+        )
+        self.ctx = acts.PlanContext(run_seed=seed, unpack=self._unpack_config)
+        self.out: asyncio.Queue[Any] = asyncio.Queue()
+        self._actions: asyncio.Queue[tuple[acts.ActionCall, acts.ActionKind] | None] = (
+            asyncio.Queue()
+        )
+        self.failure: Failure | None = None
+        self.running: set[str] = set()  # steps of this session not ended yet
+        self._count = 0  # actions received
+
+    def _unpack_config(self, value: bytes) -> Any:
+        config = self.pb.evergreen_config.GenerateConfig()
+        config.ParseFromString(value)
+        return config
+
+    # -- failures ---------------------------------------------------------------------------
+
+    def fail(self, code: str, message: str, body: dict[str, Any] | None = None) -> None:
+        """End the session with ``code`` (a gRPC status name); the first failure wins."""
+        if self.failure is None:
+            self.failure = Failure(code, message, body or {"code": code, "message": message})
+            self.out.put_nowait(DONE)
+
+    def _failed_by(self, exc: BaseException) -> None:
+        from orchestratord.evergreen.status import status_for
+
+        if isinstance(exc, SessionAbort):
+            self.fail(exc.code, exc.message)
+        elif isinstance(exc, OrchestratorError):
+            status = status_for(exc.code, retriable=exc.retriable)
+            self.fail(status.name, exc.message, exc.body())
+        elif isinstance(exc, ActionFailed):
+            status = status_for(exc.body.get("code", ""), retriable=bool(exc.body.get("retriable")))
+            self.fail(status.name, str(exc.body.get("message", "")), exc.body)
+        else:
+            log.exception("evergreen session of run %s failed", self.run_id, exc_info=exc)
+            self.fail("INTERNAL", f"{type(exc).__name__}: {exc}")
+
+    # -- reading the client ---------------------------------------------------------------
+
+    async def consume(self, requests: AsyncIterator[Any]) -> None:
+        """The client's messages, until it half-closes (then the queued actions finish)."""
+        try:
+            async for message in requests:
+                for fragment in message.node_fragments:
+                    self.store.add(_fragment(fragment))
+                for action in message.actions:
+                    call = _call(action)
+                    kind = acts.kind_of(call.name, self.tools)
+                    output = acts.output_of(call, kind)
+                    if output is not None:
+                        self.store.claim_output(output.id)
+                    self._actions.put_nowait((call, kind))
+            self._actions.put_nowait(None)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # a broken rule, or the transport
+            self._failed_by(exc)
+
+    async def work(self) -> None:
+        """The actions, one at a time in the order received."""
+        try:
+            while (item := await self._actions.get()) is not None:
+                await self._run(*item)
+            self.out.put_nowait(DONE)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:
+            self._failed_by(exc)
+
+    # -- one action -----------------------------------------------------------------------
+
+    async def _run(self, call: acts.ActionCall, kind: acts.ActionKind) -> None:
+        self._count += 1
+        param = acts.input_of(call, kind)
+        await self.store.wait_complete([param.id], self.wait_s)
+        leaves = self.store.leaves(param.id)
+        planned = acts.plan(call, kind, leaves, self.ctx, list(self.orch.pools.pools))
+        body: dict[str, Any] = {
+            "type": planned.step_type,
+            "client_token": f"evergreen:{self._count}:{planned.output_id or ''}",
+            "input": planned.step_input,
+        }
+        if planned.placement is not None:
+            body["placement"] = planned.placement
+        try:
+            typed = _STEP.validate_python(body)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            where = ".".join(str(p) for p in err["loc"][1:]) or "action"
+            raise SessionAbort(
+                "INVALID_ARGUMENT", f"action {call.name!r}: {where}: {err['msg']}"
+            ) from None
+        done = await submit_now(self.orch, self.run_id, typed, self.principal)
+        step_id = done.step.step_id
+        self.running.add(step_id)
+        try:
+            text = await self._follow(step_id, planned)
+        finally:
+            self.running.discard(step_id)
+        if planned.output_id is None:
+            return
+        if planned.streamed:
+            self.store.add_output(planned.output_id, TEXT, MODEL_ROLE, text)
+            return
+        async with self.orch.db.read() as session:
+            step = await get_step(session, step_id=step_id)
+        data = orjson.dumps(step.output)
+        self.out.put_nowait(self._message(planned.output_id, 0, data, final=True, mime=acts.JSON))
+        self.store.add_output(planned.output_id, acts.JSON, MODEL_ROLE, data)
+
+    async def _follow(self, step_id: str, planned: acts.Planned) -> bytes:
+        """The step's events to its end; its tokens streamed as fragments of the output."""
+        seq = 0
+        parts: list[bytes] = []
+        async for batch in step_events(self.orch, step_id):
+            tokens = []
+            for ev in batch:
+                if ev.type == "token":
+                    tokens.append(orjson.loads(ev.data)["t"])
+                elif ev.type == "error":
+                    raise ActionFailed(orjson.loads(ev.data))
+            if tokens and planned.streamed and planned.output_id is not None:
+                data = "".join(tokens).encode()
+                parts.append(data)
+                self.out.put_nowait(self._message(planned.output_id, seq, data, final=False))
+                seq += 1
+        if planned.streamed and planned.output_id is not None:
+            self.out.put_nowait(self._message(planned.output_id, seq, b"", final=True))
+        return b"".join(parts)
+
+    def _message(
+        self, node_id: str, seq: int, data: bytes, *, final: bool, mime: str = TEXT
+    ) -> Any:
+        ev = self.pb.evergreen
+        chunk = ev.Chunk(data=data)
+        if seq == 0:
+            chunk.metadata.CopyFrom(ev.ChunkMetadata(mimetype=mime, role=MODEL_ROLE))
+        fragment = ev.NodeFragment(id=node_id, seq=seq, continued=not final, chunk_fragment=chunk)
+        return self.pb.evergreen_service.SessionMessage(node_fragments=[fragment])
+
+    # -- the run's end --------------------------------------------------------------------
+
+    async def end_run(self, *, cancelled: bool) -> None:
+        """The run ends with the session: succeeded, failed, or cancelled (its steps too)."""
+        orch = self.orch
+        try:
+            if cancelled:
+                async with orch.tx() as tx:
+                    _, running = await runs.cancel_run(tx, run_id=self.run_id)
+                for step_id in running:
+                    orch.dispatcher.cancel(step_id)
+                return
+            for step_id in list(self.running):
+                await orch.cancel_step(step_id)
+            status = "failed" if self.failure is not None else "succeeded"
+            async with orch.tx() as tx:
+                await runs.complete_run(tx, run_id=self.run_id, body=RunComplete(status=status))
+        except OrchestratorError as exc:  # ended meanwhile (cancelled over HTTP, say)
+            log.info("run %s of an evergreen session: %s", self.run_id, exc.message)
+
+
+class ActionFailed(Exception):
+    """A step ended with an error: its body, as its ``error`` event carries it."""
+
+    def __init__(self, body: dict[str, Any]) -> None:
+        super().__init__(body.get("message"))
+        kept = ("code", "message", "retriable", "details")
+        self.body: dict[str, Any] = {k: body[k] for k in kept if k in body}
+
+
+def _fragment(f: Any) -> Fragment:
+    chunk = None
+    if f.HasField("chunk_fragment"):
+        c = f.chunk_fragment
+        meta = c.metadata if c.HasField("metadata") else None
+        which = c.WhichOneof("payload")
+        chunk = ChunkPart(
+            mimetype=None if meta is None else meta.mimetype,
+            role=None if meta is None else meta.role,
+            data=c.data if which == "data" else None,
+            ref=c.ref if which == "ref" else None,
+        )
+    return Fragment(
+        id=f.id, seq=f.seq, continued=f.continued, child_ids=tuple(f.child_ids), chunk=chunk
+    )
+
+
+def _call(a: Any) -> acts.ActionCall:
+    return acts.ActionCall(
+        name=a.name,
+        inputs=tuple(acts.Param(p.name, p.id) for p in a.inputs),
+        outputs=tuple(acts.Param(p.name, p.id) for p in a.outputs),
+        configs=tuple((c.type_url, c.value) for c in a.configs),
+        target=a.target_spec.id if a.HasField("target_spec") else "",
+    )

@@ -1,0 +1,430 @@
+"""The Evergreen front door through a real gRPC client built on the published schema: a
+session is a run, actions are steps, outputs stream as fragments; the seed's examples, its
+abort rules, dedupe, a barrier wait, auth, a client cancel, a strict replay, a tool action."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc  # type: ignore[import-untyped]
+import httpx
+import pytest
+
+from orchestrator_core.keys import Scope
+from orchestratord.auth import store
+from orchestratord.evergreen.server import EvergreenServer
+from orchestratord.runtime import Orchestrator
+from tests.conftest import make_settings
+from tests.evergreen.upstream import (
+    action,
+    end_of_turn,
+    generate_config,
+    json_node,
+    message,
+    metadata,
+    parent,
+    sent,
+    start,
+    text,
+)
+from tests.helpers import make_flow, started_client
+from tests.procs import free_port, process
+
+ECHO_TOOL = {
+    "name": "echo",
+    "description": "its args",
+    "parameters": {"type": "object"},
+    "executor": {"kind": "builtin", "name": "echo"},
+}
+
+
+@dataclass
+class Door:
+    orch: Orchestrator
+    http: httpx.AsyncClient
+    port: int
+    flow_id: str
+
+    def md(
+        self, run: dict[str, Any] | None = None, key: str | None = None
+    ) -> list[tuple[str, str]]:
+        return metadata(self.flow_id, run, key)
+
+    async def run(self, run_id: str) -> dict[str, Any]:
+        body: dict[str, Any] = (await self.http.get(f"/v1/runs/{run_id}")).json()
+        return body
+
+    async def steps(self, run_id: str) -> list[dict[str, Any]]:
+        body: list[dict[str, Any]] = (await self.http.get(f"/v1/runs/{run_id}/steps")).json()
+        return body
+
+
+async def _door(orch: Orchestrator) -> AsyncIterator[Door]:
+    async with started_client(orch) as http:
+        server = EvergreenServer(orch, host="127.0.0.1", port=0)
+        port = await server.start()
+        try:
+            flow_id = await make_flow(http, {"evergreen": 1}, tools=[ECHO_TOOL])
+            yield Door(orch, http, port, flow_id)
+        finally:
+            await server.stop()
+
+
+@pytest.fixture
+async def door(db_url: str) -> AsyncIterator[Door]:
+    settings = make_settings(db_url, evergreen={"input_wait_s": 0.3})
+    async for d in _door(Orchestrator(settings)):
+        yield d
+
+
+def _both(node_id: str) -> Any:
+    """A fragment naming children and carrying a chunk."""
+    fragment = text(node_id, "x")
+    fragment.child_ids.append("c")
+    return fragment
+
+
+def _shape(fragments: list[Any]) -> list[tuple[int, bool, str | None]]:
+    """(seq, continued, mimetype on that fragment) of each fragment."""
+    return [
+        (
+            f.seq,
+            f.continued,
+            f.chunk_fragment.metadata.mimetype if f.chunk_fragment.HasField("metadata") else None,
+        )
+        for f in fragments
+    ]
+
+
+async def test_a_two_turn_conversation_names_the_first_turn_by_id(door: Door) -> None:
+    first = message(
+        action("GENERATE", {"prompt": "prompt_1"}, {"response": "response_1"}),
+        parent("prompt_1", "question_1"),
+        text("question_1", "Write a summary of this race: "),
+    )
+    second = message(
+        action("GENERATE", {"prompt": "prompt_2"}, {"response": "response_2"}),
+        parent("prompt_2", "prompt_1", "response_1", "question_2"),
+        text("question_2", "Who's winning?"),
+    )
+    # both turns at once: the second waits for the first's response (a barrier)
+    out = await start(door.port, door.md(), sent(first, second))
+    assert out.code == grpc.StatusCode.OK, out.details
+    for node in ("response_1", "response_2"):
+        fragments = out.fragments(node)
+        shape = _shape(fragments)
+        assert shape[0] == (0, True, "text/plain"), shape  # metadata on seq 0 only
+        assert [s for s, _, _ in shape] == list(range(len(shape)))
+        assert all(m is None for _, _, m in shape[1:])
+        assert [c for _, c, _ in shape] == [True] * (len(shape) - 1) + [False]
+        assert fragments[0].chunk_fragment.metadata.role == "model"
+    run = await door.run(out.run_id)
+    assert run["status"] == "succeeded"
+    steps = await door.steps(out.run_id)
+    assert [s["type"] for s in steps] == ["llm_call", "llm_call"]
+    assert out.text_of("response_1") == steps[0]["output"]["text"]
+    assert steps[0]["input"]["prompt"] == "Write a summary of this race: "
+    # the second prompt is the conversation: the first turn, the answer, the question
+    assert steps[1]["input"]["messages"] == [
+        {"role": "user", "content": "Write a summary of this race: "},
+        {"role": "assistant", "content": out.text_of("response_1")},
+        {"role": "user", "content": "Who's winning?"},
+    ]
+
+
+async def test_a_prompt_streamed_in_two_fragments_with_a_config_and_end_of_turn(
+    door: Door,
+) -> None:
+    out = await start(
+        door.port,
+        door.md(),
+        sent(
+            message(
+                action(
+                    "GENERATE",
+                    {"text": "prompt_1"},
+                    {"text": "response_1"},
+                    configs=[generate_config(max_tokens=3, temperature=0.0)],
+                ),
+                parent("prompt_1", "prompt_1_text", continued=True),
+                text("prompt_1_text", "Write a heroic novel about a half-eaten jam doughnut."),
+            ),
+            message(parent("prompt_1", "prompt_1_eot", seq=1), end_of_turn("prompt_1_eot")),
+        ),
+    )
+    assert out.code == grpc.StatusCode.OK, out.details
+    (step,) = await door.steps(out.run_id)
+    assert step["input"]["params"] == {"max_tokens": 3, "temperature": 0.0}
+    assert step["input"]["prompt"] == "Write a heroic novel about a half-eaten jam doughnut."
+    assert step["usage"]["tokens_out"] == 3
+    assert out.text_of("response_1") == step["output"]["text"]
+
+
+async def test_a_repeated_fragment_is_kept_once(door: Door) -> None:
+    frag = text("q", "Say hi", seq=0, continued=True)
+    out = await start(
+        door.port,
+        door.md(),
+        sent(
+            message(action("GENERATE", {"prompt": "q"}, {"response": "r"}), frag),
+            message(frag, text("q", " twice", seq=1)),
+        ),
+    )
+    assert out.code == grpc.StatusCode.OK, out.details
+    (step,) = await door.steps(out.run_id)
+    assert step["input"]["prompt"] == "Say hi twice"
+
+
+@pytest.mark.parametrize(
+    ("messages", "code", "says"),
+    [
+        (
+            [text("q", "a"), text("q", "b", seq=1)],
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "seq",
+        ),
+        (
+            [text("q", "a", continued=True), text("q", "b", seq=1, metadata=True)],
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "metadata",
+        ),
+        (
+            [_both("q")],
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "q",
+        ),
+        (
+            [
+                text("q", "a"),
+                action("GENERATE", {"prompt": "q"}, {"response": "r"}),
+                action("GENERATE", {"prompt": "q"}, {"response": "r"}),
+            ],
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "output id already used",
+        ),
+        (
+            [
+                text("q", "a"),
+                action(
+                    "GENERATE",
+                    {"prompt": "q"},
+                    {"response": "r"},
+                    configs=[generate_config()],
+                ),
+            ],
+            None,  # accepted: our own config type
+            None,
+        ),
+        (
+            [parent("a", "b"), parent("b", "a"), action("GENERATE", {"prompt": "a"}, {})],
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "cycle",
+        ),
+        (
+            [action("GENERATE", {"prompt": "never_sent"}, {"response": "r"})],
+            grpc.StatusCode.DEADLINE_EXCEEDED,
+            "never_sent",
+        ),
+        (
+            [text("q", "a"), action("NOPE", {"prompt": "q"}, {})],
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "unknown action 'NOPE'",
+        ),
+    ],
+    ids=[
+        "past-final",
+        "metadata-late",
+        "children-and-chunk",
+        "output-reused",
+        "config-ok",
+        "cycle",
+        "barrier-times-out",
+        "unknown-action",
+    ],
+)
+async def test_each_abort_rule(
+    door: Door, messages: list[Any], code: Any, says: str | None
+) -> None:
+    out = await start(door.port, door.md(), sent(message(*messages)))
+    if code is None:
+        assert out.code == grpc.StatusCode.OK, out.details
+        return
+    assert out.code == code, (out.code, out.details)
+    assert says is not None and says in out.details, out.details
+    assert out.error["message"] == out.details
+    assert (await door.run(out.run_id))["status"] == "failed"
+
+
+async def test_an_unknown_config_type_aborts_naming_it(door: Door) -> None:
+    from google.protobuf import any_pb2, duration_pb2  # type: ignore[import-untyped]
+
+    other = any_pb2.Any()
+    other.Pack(duration_pb2.Duration(seconds=1))
+    out = await start(
+        door.port,
+        door.md(),
+        sent(message(text("q", "a"), action("GENERATE", {"prompt": "q"}, {}, configs=[other]))),
+    )
+    assert out.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert "type.googleapis.com/google.protobuf.Duration" in out.details
+
+
+async def test_a_flow_tool_is_an_action(door: Door) -> None:
+    out = await start(
+        door.port,
+        door.md(),
+        sent(
+            message(
+                json_node("args_1", {"x": 1}), action("echo", {"args": "args_1"}, {"result": "res"})
+            )
+        ),
+    )
+    assert out.code == grpc.StatusCode.OK, out.details
+    (fragment,) = out.fragments("res")
+    assert fragment.chunk_fragment.metadata.mimetype == "application/json"
+    (step,) = await door.steps(out.run_id)
+    assert (step["type"], step["input"]) == ("tool_call", {"tool": "echo", "args": {"x": 1}})
+    import json
+
+    assert json.loads(fragment.chunk_fragment.data) == step["output"]
+
+
+async def test_a_recorded_session_strict_replays_identically(door: Door) -> None:
+    def turn(n: int) -> Any:
+        return message(
+            action(
+                "GENERATE",
+                {"prompt": f"p{n}"},
+                {"response": f"r{n}"},
+                configs=[generate_config(max_tokens=6, temperature=0.8)],
+            ),
+            text(f"p{n}", f"turn {n}: tell me something"),
+        )
+
+    recorded = await start(door.port, door.md({"seed": 11}), sent(turn(1), turn(2)))
+    assert recorded.code == grpc.StatusCode.OK, recorded.details
+    replay = {"mode": "strict_replay", "source_run_id": recorded.run_id}
+    again = await start(door.port, door.md(replay), sent(turn(1), turn(2)))
+    assert again.code == grpc.StatusCode.OK, again.details
+    for node in ("r1", "r2"):
+        assert again.text_of(node) == recorded.text_of(node) != ""
+    run = await door.run(again.run_id)
+    assert (run["mode"], run["status"]) == ("strict_replay", "succeeded")
+
+
+async def test_a_bad_run_or_flow_refuses_the_session(door: Door) -> None:
+    out = await start(door.port, [("x-run", "{}")], sent())
+    assert out.code == grpc.StatusCode.INVALID_ARGUMENT and "x-flow-id" in out.details
+    out = await start(door.port, door.md({"mode": "nope"}), sent())
+    assert out.code == grpc.StatusCode.INVALID_ARGUMENT and "x-run.mode" in out.details
+    out = await start(door.port, metadata("flow_missing"), sent())
+    assert out.code == grpc.StatusCode.NOT_FOUND
+
+
+async def test_a_client_cancel_cancels_the_run_and_stops_the_engine(db_url: str) -> None:
+    settings = make_settings(db_url, sim={"tokens_per_s": 40.0})
+    async for door in _door(Orchestrator(settings)):
+        out = await start(
+            door.port,
+            door.md(),
+            sent(
+                message(
+                    text("q", "a long one"),
+                    action(
+                        "GENERATE",
+                        {"prompt": "q"},
+                        {"response": "r"},
+                        configs=[generate_config(max_tokens=400)],
+                    ),
+                )
+            ),
+            cancel_after=2,
+        )
+        assert out.code == grpc.StatusCode.CANCELLED
+        run_id = out.run_id
+        for _ in range(200):
+            steps = await door.steps(run_id)
+            if steps and steps[0]["status"] == "cancelled":
+                break
+            await asyncio.sleep(0.05)
+        assert steps[0]["status"] == "cancelled"
+        assert steps[0]["usage"]["tokens_out"] < 400  # the engine stopped
+        assert (await door.run(run_id))["status"] == "cancelled"
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+async def test_auth_is_the_http_api_s(db_url: str) -> None:
+    settings = make_settings(db_url, auth={"enabled": True, "cache_s": 0})
+    orch = Orchestrator(settings)
+    async for door in _door_with_keys(orch):
+        read = await _key(orch, Scope.READ)
+        write = await _key(orch, Scope.WRITE)
+        hello = sent(
+            message(text("q", "hi"), action("GENERATE", {"prompt": "q"}, {"response": "r"}))
+        )
+        out = await start(door.port, door.md(), hello)
+        assert out.code == grpc.StatusCode.UNAUTHENTICATED
+        out = await start(door.port, door.md(key=read), sent())
+        assert out.code == grpc.StatusCode.PERMISSION_DENIED
+        assert out.error["code"] == "FORBIDDEN"
+        out = await start(
+            door.port,
+            door.md(key=write),
+            sent(message(text("q", "hi"), action("GENERATE", {"prompt": "q"}, {"response": "r"}))),
+        )
+        assert out.code == grpc.StatusCode.OK, out.details
+
+
+async def _key(orch: Orchestrator, scope: Scope) -> str:
+    async with orch.db.write() as session:
+        return await store.create(session, scope=scope, name=None)
+
+
+async def _door_with_keys(orch: Orchestrator) -> AsyncIterator[Door]:
+    """The door of a server with keys on: the flow made with an admin key."""
+    async with started_client(orch) as http:
+        admin = await _key(orch, Scope.ADMIN)
+        http.headers["authorization"] = f"Bearer {admin}"
+        server = EvergreenServer(orch, host="127.0.0.1", port=0)
+        port = await server.start()
+        try:
+            yield Door(orch, http, port, await make_flow(http, {"evergreen": 2}))
+        finally:
+            await server.stop()
+
+
+def test_serve_opens_the_front_door_beside_http(tmp_path: Path) -> None:
+    port, evergreen = free_port(), free_port()
+    args = [sys.executable, "-m", "orchestratord", "serve", "--port", str(port), "--engine", "sim"]
+    args += ["--database-url", f"sqlite:///{tmp_path / 'o.db'}", "--evergreen-port", str(evergreen)]
+    url = f"http://127.0.0.1:{port}"
+    with process(args, ready_url=f"{url}/healthz", cwd=tmp_path):
+        flow = httpx.post(f"{url}/v1/flows", json={"ast": {"door": 1}}).json()["flow_id"]
+        hello = message(text("q", "hi"), action("GENERATE", {"prompt": "q"}, {"response": "r"}))
+        out = asyncio.run(start(evergreen, metadata(flow), sent(hello)))
+        assert out.code == grpc.StatusCode.OK, out.details
+        run = httpx.get(f"{url}/v1/runs/{out.run_id}").json()  # the same run over HTTP
+        assert run["status"] == "succeeded"
+        step = httpx.get(f"{url}/v1/runs/{out.run_id}/steps").json()[0]
+        assert out.text_of("r") == step["output"]["text"] != ""
+
+
+async def test_a_strict_replay_that_diverges_aborts_with_the_divergence(door: Door) -> None:
+    def turn(prompt: str) -> Any:
+        return message(
+            action("GENERATE", {"prompt": "p"}, {"response": "r"}),
+            text("p", prompt),
+        )
+
+    recorded = await start(door.port, door.md({"seed": 3}), sent(turn("first words")))
+    assert recorded.code == grpc.StatusCode.OK, recorded.details
+    replay = {"mode": "strict_replay", "source_run_id": recorded.run_id}
+    again = await start(door.port, door.md(replay), sent(turn("other words")))
+    assert again.code == grpc.StatusCode.FAILED_PRECONDITION, again.details
+    assert again.error["code"] == "REPLAY_MISS"  # no recorded step asked this
+    assert (await door.run(again.run_id))["status"] == "failed"
