@@ -27,7 +27,7 @@ from orchestrator_core.keys import Principal
 from orchestratord.evergreen.session import DONE, Session
 from orchestratord.evergreen.status import named_status, status_for
 from orchestratord.flows.service import get_flow
-from orchestratord.runs import service as runs
+from orchestratord.runs.routes import open_run
 from orchestratord.runtime import Orchestrator
 
 log = logging.getLogger(__name__)
@@ -101,15 +101,7 @@ class EvergreenService:
         try:
             async with orch.tx() as tx:
                 flow = await get_flow(tx.session, flow_id=flow_id)
-                run = await runs.create_run(
-                    tx.session,
-                    flow_id=flow_id,
-                    body=body,
-                    pools=orch.pools.views(),
-                    identities=orch.pools.identities(),
-                    prices=orch.prices,
-                    price_table=orch.settings.price_table,
-                )
+                run = await open_run(orch, tx.session, flow_id, body)
                 run_id, seed = run.run_id, run.seed
                 tools = [str(t.get("name")) for t in flow.tools or () if t.get("name")]
         except OrchestratorError as exc:

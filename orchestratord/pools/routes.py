@@ -58,6 +58,14 @@ async def get_pool(pool_id: str, orch: Orchestrator = Depends(orchestrator)) -> 
     return view
 
 
+async def _made(orch: Orchestrator, pool: Pool, created: bool, response: Response) -> PoolOut:
+    """A pool made (201), or found as the same request made it before (200)."""
+    if not created:
+        response.status_code = 200
+    (view,) = await _views(orch, [pool])
+    return view
+
+
 @router.post(
     "/v1/pools",
     dependencies=[ADMIN],
@@ -70,11 +78,7 @@ async def get_pool(pool_id: str, orch: Orchestrator = Depends(orchestrator)) -> 
 async def create_pool(
     spec: PoolSpec, response: Response, orch: Orchestrator = Depends(orchestrator)
 ) -> PoolOut:
-    pool, created = await orch.catalog.create(spec, "api")
-    if not created:
-        response.status_code = 200
-    (view,) = await _views(orch, [pool])
-    return view
+    return await _made(orch, *await orch.catalog.create(spec, "api"), response)
 
 
 @router.post(
@@ -89,11 +93,7 @@ async def create_pool(
 async def provision_pool(
     body: ProvisionRequest, response: Response, orch: Orchestrator = Depends(orchestrator)
 ) -> PoolOut:
-    pool, created = await orch.provisioning.provision(body)
-    if not created:
-        response.status_code = 200
-    (view,) = await _views(orch, [pool])
-    return view
+    return await _made(orch, *await orch.provisioning.provision(body), response)
 
 
 @router.delete(

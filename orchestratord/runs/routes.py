@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Query, Response
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from contracts.replay import ReplayReport
 from contracts.runs import CancelOut, RunComplete, RunCreate, RunFork, RunOut
@@ -9,6 +10,7 @@ from orchestrator_core.errors import InvalidParams
 from orchestratord.api.auth import READ, WRITE
 from orchestratord.api.budget_headers import set_budget_headers
 from orchestratord.api.deps import orchestrator
+from orchestratord.db.models import Run
 from orchestratord.replay.runs import replay_report
 from orchestratord.runs import service as repo
 from orchestratord.runs.forks import fork_run
@@ -25,17 +27,22 @@ async def create_run(
     flow_id: str, body: RunCreate, response: Response, orch: Orchestrator = Depends(orchestrator)
 ) -> RunOut:
     async with orch.tx() as tx:
-        run = await repo.create_run(
-            tx.session,
-            flow_id=flow_id,
-            body=body,
-            pools=orch.pools.views(),
-            identities=orch.pools.identities(),
-            prices=orch.prices,
-            price_table=orch.settings.price_table,
-        )
+        run = await open_run(orch, tx.session, flow_id, body)
         set_budget_headers(response, run)
         return RunOut.model_validate(repo.run_view(run))
+
+
+async def open_run(orch: Orchestrator, session: AsyncSession, flow_id: str, body: RunCreate) -> Run:
+    """A new run of ``flow_id``, placed over the pools as they are now (either front door)."""
+    return await repo.create_run(
+        session,
+        flow_id=flow_id,
+        body=body,
+        pools=orch.pools.views(),
+        identities=orch.pools.identities(),
+        prices=orch.prices,
+        price_table=orch.settings.price_table,
+    )
 
 
 @router.get("/v1/runs/{run_id}", dependencies=[READ], response_model=RunOut)
