@@ -171,6 +171,14 @@ class LimitSettings(BaseModel):
     max_body_bytes: int = Field(
         default=4 * 1024 * 1024, ge=1024, description="Largest request body accepted (413)"
     )
+    max_headers: int = Field(
+        default=100, ge=1, description="Headers one request may carry (431 past it)"
+    )
+    max_header_bytes: int = Field(
+        default=16384,
+        ge=1024,
+        description="Bytes of one request's header names and values together (431 past it)",
+    )
     max_prompt_chars: int = Field(
         default=1_000_000, ge=1, description="Longest prompt (or messages, together) of a step"
     )

@@ -15,6 +15,8 @@ from orchestratord.api import errors, hot_routes, metrics_routes, openapi_doc
 from orchestratord.api.auth import AuthMiddleware
 from orchestratord.api.body_limit import BodyLimitMiddleware
 from orchestratord.api.correlation import CorrelationIdMiddleware
+from orchestratord.api.header_limit import HeaderLimitMiddleware
+from orchestratord.api.json_keys import refuse_duplicate_keys
 from orchestratord.api.params import refuse_nul
 from orchestratord.api.request_spans import RequestSpanMiddleware
 from orchestratord.api.responses import JsonResponse
@@ -94,7 +96,7 @@ def create_app(
         summary="Control plane for LLM agent work: flows, runs, steps, facts, pools; typed SSE.",
         lifespan=lifespan,
         default_response_class=JsonResponse,
-        dependencies=[Depends(refuse_nul)],
+        dependencies=[Depends(refuse_nul), Depends(refuse_duplicate_keys)],
     )
     if orchestrator is not None:
         app.state.orchestrator = orchestrator
@@ -112,6 +114,11 @@ def create_app(
     # the last added runs first: a key is checked before any body is read
     app.add_middleware(BodyLimitMiddleware, max_bytes=limits.max_body_bytes)
     app.add_middleware(AuthMiddleware)
+    app.add_middleware(
+        HeaderLimitMiddleware,
+        max_headers=limits.max_headers,
+        max_bytes=limits.max_header_bytes,
+    )
     app.add_middleware(CorrelationIdMiddleware)
     app.add_middleware(RequestSpanMiddleware)  # outside: sees the final status and id
     return app

@@ -19,9 +19,11 @@ from orchestrator_core.policy import PolicyDenied
 from orchestrator_core.pricing import Unpriced
 from orchestrator_core.replay import StrictReplayMismatch
 from orchestratord.api.correlation import correlation_id
+from orchestratord.api.json_keys import DuplicateKey
 from orchestratord.api.responses import JsonResponse
 
 STATUS: dict[type[E.OrchestratorError], int] = {
+    DuplicateKey: 400,
     BudgetExceeded: 409,
     StrictReplayMismatch: 409,
     Unpriced: 422,

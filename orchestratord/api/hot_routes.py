@@ -27,6 +27,7 @@ from orchestrator_core import keys
 from orchestrator_core.errors import InvalidParams
 from orchestratord.api.asgi import header, replay
 from orchestratord.api.auth import api_routes, authorize
+from orchestratord.api.json_keys import duplicate_key, refuse_duplicate_keys
 from orchestratord.api.params import refuse_nul
 from orchestratord.steps.routes import answer_submission, wants_stream
 from orchestratord.streams.routes import answer_step_stream, resume_from
@@ -113,8 +114,8 @@ async def _submit(route: HotRoute, scope: Scope, receive: Receive, send: Send) -
     body = await _read_body(receive)
     if body is None:
         return
-    if _LONG_NUMBER.search(body) is not None:
-        await route.pass_on(scope, receive, send, body)
+    if _LONG_NUMBER.search(body) is not None or duplicate_key(body) is not None:
+        await route.pass_on(scope, receive, send, body)  # FastAPI's way refuses it
         return
     try:
         step: AnyStepCreate = _STEP.validate_python(orjson.loads(body))
@@ -189,11 +190,15 @@ def _calls(dependant: Any) -> Iterator[Any]:
 def install(app: Any) -> None:
     """Put the hot routes first. Each must shadow a documented FastAPI route that reads
     exactly the parameters it knows and depends on exactly what it checks (the app's
-    ``refuse_nul``, the route's scope): anything added to the route and not here would be
-    skipped on the hot path, so the app refuses to start instead."""
+    ``refuse_nul`` and ``refuse_duplicate_keys``, the route's scope): anything added to the
+    route and not here would be skipped on the hot path, so the app refuses to start
+    instead."""
     app_deps = [d.dependency for d in app.router.dependencies]
-    if app_deps != [refuse_nul]:
-        raise RuntimeError(f"the app depends on {app_deps}; the hot routes check refuse_nul")
+    if app_deps != [refuse_nul, refuse_duplicate_keys]:
+        raise RuntimeError(
+            f"the app depends on {app_deps}; the hot routes check refuse_nul and"
+            " refuse_duplicate_keys"
+        )
     routes = {(m, r.path): r for r in api_routes(app.routes) for m in r.methods or ()}
     for method, path, pattern, handler, params, scope in HOT:
         route = routes.get((method, path))
@@ -203,9 +208,11 @@ def install(app: Any) -> None:
             raise RuntimeError(
                 f"{method} {path} reads {sorted(found)}; its hot route knows {sorted(params)}"
             )
-        # the app's own dependency is in the route's where the route was added to the app
+        # the app's own dependencies are in the route's where the route was added to the app
         # itself, not where it came with an included router
-        calls = [c for c in _calls(route.dependant) if c is not refuse_nul]
+        calls = [
+            c for c in _calls(route.dependant) if c not in (refuse_nul, refuse_duplicate_keys)
+        ]
         if [getattr(c, "scope", None) for c in calls] != [scope]:
             raise RuntimeError(f"{method} {path} depends on {calls}; its hot route checks {scope}")
         app.router.routes.insert(0, HotRoute(method, path, pattern, handler))

@@ -28,12 +28,13 @@ _WHY = {
     "413": "LIMIT_EXCEEDED: a size limit (body, prompt, tools of a flow)",
     "422": "INVALID_PARAMS naming each field, or a domain refusal of the input",
     "429": "LIMIT_EXCEEDED or admission: retriable, with retry_after_ms",
+    "431": "LIMIT_EXCEEDED: too many request headers, or too many bytes of them",
     "500": "INTERNAL: the correlation id locates it in the logs",
     "501": "UNSUPPORTED",
     "502": "ENGINE_ERROR or TOOL_ERROR",
     "503": "POOL_UNAVAILABLE, NO_CAPACITY or CIRCUIT_OPEN: retriable",
 }
-_EVERY = ("401", "403", "422", "429", "500")
+_EVERY = ("401", "403", "422", "429", "431", "500")
 _WITH_BODY = ("400", "409", "413")
 _SUBMIT = ("501", "502", "503")  # steps and runs: placement, engines, admission
 

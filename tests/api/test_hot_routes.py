@@ -174,12 +174,13 @@ def _app(extra_header: bool = False, extra_dependency: bool = False) -> Any:
 
     from orchestrator_core.keys import Principal
     from orchestratord.api.auth import READ, WRITE
+    from orchestratord.api.json_keys import refuse_duplicate_keys
     from orchestratord.api.params import refuse_nul
 
     async def audit() -> None:
         return None
 
-    app = FastAPI(dependencies=[Depends(refuse_nul)])
+    app = FastAPI(dependencies=[Depends(refuse_nul), Depends(refuse_duplicate_keys)])
     route_deps = [Depends(audit)] if extra_dependency else []
 
     if extra_header:
