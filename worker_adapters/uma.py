@@ -169,9 +169,8 @@ class UmaAdapter(WorkerAdapter):
 
     async def _connect(self) -> _Connection:
         try:
-            reader, writer = await asyncio.wait_for(
-                asyncio.open_unix_connection(self.socket_path), self._connect_timeout_s
-            )
+            async with asyncio.timeout(self._connect_timeout_s):
+                reader, writer = await asyncio.open_unix_connection(self.socket_path)
         except (OSError, TimeoutError) as exc:
             raise EngineUnavailable(
                 f"cannot connect to uma engine at {self.socket_path}: {type(exc).__name__}"
@@ -231,7 +230,11 @@ class UmaAdapter(WorkerAdapter):
         """The next event; a cut stream is an error unless the request was cancelled."""
         event: dict[str, Any] | None
         try:
-            event = await asyncio.wait_for(conn.frames.next(), self._read_timeout_s)
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow the task's
+            # cancellation when a frame arrives at the same moment (CPython gh-86296), and
+            # the step's cancel would then never reach the engine
+            async with asyncio.timeout(self._read_timeout_s):
+                event = await conn.frames.next()
         except FrameError as exc:
             raise EngineFailure(f"uma engine broke the framing: {exc}") from exc
         except TimeoutError as exc:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import os
+import random
 import socket
 import struct
 import tempfile
@@ -358,6 +359,34 @@ async def test_cancel_from_another_task_while_the_engine_waits(endless: UmaRunti
     assert len(seen) == 2 and not any(isinstance(e, Finish) for e in seen)
     await settle(endless)
     assert endless.stats.cancels == ["r1"] and endless.stats.tokens_sent["r1"] == 2
+
+
+async def test_cancelling_the_task_mid_stream_always_reaches_the_engine(
+    endless: UmaRuntime,
+) -> None:
+    """The dispatcher cancels a step by cancelling the task that reads its stream. Fifty
+    times, at points spread over the first tokens of an endless stream: each time the task
+    ends cancelled (a read that swallowed the cancellation would stream on, and this wait
+    would end on its bound), and the runtime sees the request cancelled."""
+    rng = random.Random(5)
+    adapter = make_adapter(endless)
+    for n in range(50):
+        rid = f"c{n}"
+        started = asyncio.Event()
+
+        async def consume(rid: str = rid, started: asyncio.Event = started) -> None:
+            async for _ in adapter.stream(req(request_id=rid, max_tokens=1_000_000)):
+                started.set()
+
+        task = asyncio.create_task(consume())
+        await asyncio.wait_for(started.wait(), SETTLE_S)
+        for _ in range(rng.randrange(0, 40)):  # a few frames later, at a varying point
+            await asyncio.sleep(0)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(task, SETTLE_S)
+    await settle(endless)
+    assert sorted(endless.stats.outcomes.values()) == ["cancelled"] * 50
 
 
 async def test_closing_the_iterator_cancels_the_request(endless: UmaRuntime) -> None:
