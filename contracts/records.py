@@ -16,6 +16,13 @@ class FactCreate(Strict):
     data: RequiredJson = Field(description="any JSON but null")
     schema_uri: Text | None = None
     step_id: Text | None = Field(default=None, description="the step that emitted the fact")
+    client_token: Text | None = Field(
+        default=None,
+        min_length=1,
+        max_length=256,
+        description="a retried request with the same token returns the first record (200); "
+        "the same token with another body is 409 CONFLICT",
+    )
 
 
 class FactOut(Out):
@@ -31,6 +38,13 @@ class FactOut(Out):
 class CheckpointCreate(Strict):
     state: dict[str, Any]
     step_id: Text | None = None
+    client_token: Text | None = Field(
+        default=None,
+        min_length=1,
+        max_length=256,
+        description="a retried request with the same token returns the first record (200); "
+        "the same token with another body is 409 CONFLICT",
+    )
 
 
 class CheckpointOut(Out):

@@ -210,9 +210,7 @@ def install(app: Any) -> None:
             )
         # the app's own dependencies are in the route's where the route was added to the app
         # itself, not where it came with an included router
-        calls = [
-            c for c in _calls(route.dependant) if c not in (refuse_nul, refuse_duplicate_keys)
-        ]
+        calls = [c for c in _calls(route.dependant) if c not in (refuse_nul, refuse_duplicate_keys)]
         if [getattr(c, "scope", None) for c in calls] != [scope]:
             raise RuntimeError(f"{method} {path} depends on {calls}; its hot route checks {scope}")
         app.router.routes.insert(0, HotRoute(method, path, pattern, handler))

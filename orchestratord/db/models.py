@@ -43,6 +43,16 @@ class Base(DeclarativeBase):
     )
 
 
+def _retry_token() -> Mapped[str | None]:
+    """A client's token for a write it may retry (``orchestratord.idempotency``); not bundled."""
+    return mapped_column(sa.String(256), nullable=True, info={"bundle": False})
+
+
+def _request_hash() -> Mapped[str | None]:
+    """The hash of the request that wrote the row under its token; not bundled."""
+    return mapped_column(sa.String(80), nullable=True, info={"bundle": False})
+
+
 class Flow(Base):
     __tablename__ = "flows"
     flow_id: Mapped[str] = mapped_column(sa.String(80), primary_key=True)
@@ -56,6 +66,9 @@ class Flow(Base):
 
 class Run(Base):
     __tablename__ = "runs"
+    __table_args__ = (
+        sa.Index("uq_runs_flow_id_client_token", "flow_id", "client_token", unique=True),
+    )
     run_id: Mapped[str] = mapped_column(sa.String(40), primary_key=True)
     flow_id: Mapped[str] = mapped_column(sa.ForeignKey("flows.flow_id"), index=True)
     mode: Mapped[str] = mapped_column(sa.String(16))
@@ -89,6 +102,8 @@ class Run(Base):
     forked_from: Mapped[dict[str, Any] | None] = mapped_column(Json, nullable=True)
     created_at: Mapped[datetime] = mapped_column(Ts)
     updated_at: Mapped[datetime] = mapped_column(Ts)
+    client_token: Mapped[str | None] = _retry_token()
+    request_hash: Mapped[str | None] = _request_hash()
 
 
 class Step(Base):
@@ -175,7 +190,10 @@ class Event(Base):
 
 class Fact(Base):
     __tablename__ = "facts"
-    __table_args__ = (sa.Index("ix_facts_run_type", "run_id", "type", "id"),)
+    __table_args__ = (
+        sa.Index("ix_facts_run_type", "run_id", "type", "id"),
+        sa.Index("uq_facts_run_id_client_token", "run_id", "client_token", unique=True),
+    )
     id: Mapped[int] = mapped_column(BigIntPk, primary_key=True, autoincrement=True)
     fact_id: Mapped[str] = mapped_column(sa.String(40), unique=True)
     run_id: Mapped[str] = mapped_column(sa.ForeignKey("runs.run_id"))
@@ -184,11 +202,16 @@ class Fact(Base):
     data: Mapped[Any] = mapped_column(Json)
     emitted_by_step: Mapped[str | None] = mapped_column(sa.String(40))
     created_at: Mapped[datetime] = mapped_column(Ts)
+    client_token: Mapped[str | None] = _retry_token()
+    request_hash: Mapped[str | None] = _request_hash()
 
 
 class Checkpoint(Base):
     __tablename__ = "checkpoints"
-    __table_args__ = (sa.Index("ix_checkpoints_run", "run_id", "checkpoint_id"),)
+    __table_args__ = (
+        sa.Index("ix_checkpoints_run", "run_id", "checkpoint_id"),
+        sa.Index("uq_checkpoints_run_id_client_token", "run_id", "client_token", unique=True),
+    )
     checkpoint_id: Mapped[str] = mapped_column(sa.String(40), primary_key=True)
     run_id: Mapped[str] = mapped_column(sa.ForeignKey("runs.run_id"))
     step_id: Mapped[str | None] = mapped_column(sa.String(40))
@@ -197,6 +220,8 @@ class Checkpoint(Base):
     # The server's side when it was taken: last fact, last step position, budget usage.
     cursors: Mapped[dict[str, Any] | None] = mapped_column(Json, nullable=True)
     created_at: Mapped[datetime] = mapped_column(Ts)
+    client_token: Mapped[str | None] = _retry_token()
+    request_hash: Mapped[str | None] = _request_hash()
 
 
 class ApiKey(Base):

@@ -6,13 +6,16 @@ from collections.abc import Sequence
 from typing import Any
 
 from fastapi import APIRouter, Depends, Query, Response
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from contracts.records import CheckpointCreate, CheckpointOut, FactCreate, FactOut
 from orchestratord.api.auth import READ, WRITE
 from orchestratord.api.deps import orchestrator
-from orchestratord.db.models import Fact
+from orchestratord.db.models import Checkpoint, Fact
 from orchestratord.facts import service as repo
+from orchestratord.idempotency import Token, answer_once, first_of
 from orchestratord.runtime import Orchestrator
+from orchestratord.tx import Tx
 
 router = APIRouter()
 
@@ -47,11 +50,20 @@ class FactPage:
     tags=["facts"],
 )
 async def emit_fact(
-    run_id: str, body: FactCreate, orch: Orchestrator = Depends(orchestrator)
+    run_id: str, body: FactCreate, response: Response, orch: Orchestrator = Depends(orchestrator)
 ) -> FactOut:
-    async with orch.tx() as tx:
+    async def find(session: AsyncSession, token: Token) -> FactOut | None:
+        fact = await first_of(session, Fact, Fact.run_id == run_id, token)
+        return None if fact is None else FactOut.model_validate(fact, from_attributes=True)
+
+    async def make(tx: Tx) -> FactOut:
         fact = await repo.emit_fact(tx, run_id=run_id, body=body)
         return FactOut.model_validate(fact, from_attributes=True)
+
+    out, made = await answer_once(orch.db, orch.tx, Token.of(body), find, make)
+    if not made:
+        response.status_code = 200
+    return out
 
 
 @router.get(
@@ -91,11 +103,23 @@ async def list_flow_facts(
     tags=["checkpoints"],
 )
 async def create_checkpoint(
-    run_id: str, body: CheckpointCreate, orch: Orchestrator = Depends(orchestrator)
+    run_id: str,
+    body: CheckpointCreate,
+    response: Response,
+    orch: Orchestrator = Depends(orchestrator),
 ) -> CheckpointOut:
-    async with orch.tx() as tx:
+    async def find(session: AsyncSession, token: Token) -> CheckpointOut | None:
+        cp = await first_of(session, Checkpoint, Checkpoint.run_id == run_id, token)
+        return None if cp is None else CheckpointOut.model_validate(cp, from_attributes=True)
+
+    async def make(tx: Tx) -> CheckpointOut:
         cp = await repo.create_checkpoint(tx.session, run_id=run_id, body=body)
         return CheckpointOut.model_validate(cp, from_attributes=True)
+
+    out, made = await answer_once(orch.db, orch.tx, Token.of(body), find, make)
+    if not made:
+        response.status_code = 200
+    return out
 
 
 @router.get(

@@ -19,6 +19,7 @@ from orchestrator_core.policy import PolicySubject, redact_json
 from orchestratord.db.models import Checkpoint, Fact, Flow, Run, Step
 from orchestratord.eventlog import log_event
 from orchestratord.flows.service import get_flow
+from orchestratord.idempotency import Token
 from orchestratord.policies import policy_of
 from orchestratord.runs.ledger import usage_of
 from orchestratord.runs.service import get_run
@@ -65,6 +66,8 @@ async def emit_fact(tx: Tx, *, run_id: str, body: FactCreate) -> Fact:
         emitted_by_step=body.step_id,
         created_at=clock.now(),
     )
+    if (token := Token.of(body)) is not None:
+        token.stamp(fact)
     session.add(fact)
     await session.flush()
     await tx.append_events(
@@ -142,6 +145,8 @@ async def create_checkpoint(
         cursors=cursors,
         created_at=clock.now(),
     )
+    if (token := Token.of(body)) is not None:
+        token.stamp(cp)
     session.add(cp)
     await session.flush()
     return cp

@@ -11,11 +11,13 @@ from orchestratord.api.auth import READ, WRITE
 from orchestratord.api.budget_headers import set_budget_headers
 from orchestratord.api.deps import orchestrator
 from orchestratord.db.models import Run
+from orchestratord.idempotency import Token, answer_once, first_of
 from orchestratord.replay.runs import replay_report
 from orchestratord.runs import service as repo
 from orchestratord.runs.forks import fork_run
 from orchestratord.runtime import Orchestrator
 from orchestratord.steps.queries import list_steps, step_view
+from orchestratord.tx import Tx
 
 router = APIRouter(tags=["runs"])
 
@@ -26,10 +28,17 @@ router = APIRouter(tags=["runs"])
 async def create_run(
     flow_id: str, body: RunCreate, response: Response, orch: Orchestrator = Depends(orchestrator)
 ) -> RunOut:
-    async with orch.tx() as tx:
-        run = await open_run(orch, tx.session, flow_id, body)
-        set_budget_headers(response, run)
-        return RunOut.model_validate(repo.run_view(run))
+    async def find(session: AsyncSession, token: Token) -> Run | None:
+        return await first_of(session, Run, Run.flow_id == flow_id, token)
+
+    async def make(tx: Tx) -> Run:
+        return await open_run(orch, tx.session, flow_id, body)
+
+    run, made = await answer_once(orch.db, orch.tx, Token.of(body), find, make)
+    if not made:
+        response.status_code = 200
+    set_budget_headers(response, run)
+    return RunOut.model_validate(repo.run_view(run))
 
 
 async def open_run(orch: Orchestrator, session: AsyncSession, flow_id: str, body: RunCreate) -> Run:

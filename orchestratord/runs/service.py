@@ -17,6 +17,7 @@ from orchestrator_core.policy import RulePolicy
 from orchestrator_core.replay import EngineIdentity
 from orchestratord.db.models import Run, Step
 from orchestratord.flows.service import get_flow
+from orchestratord.idempotency import Token
 from orchestratord.prices import PriceBook
 from orchestratord.replay.runs import check_strict, inherited
 from orchestratord.runs.ledger import usage_of
@@ -117,6 +118,8 @@ async def create_run(
         created_at=now,
         updated_at=now,
     )
+    if (token := Token.of(body)) is not None:
+        token.stamp(run)
     session.add(run)
     await session.flush()
     return run
