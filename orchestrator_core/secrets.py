@@ -8,7 +8,8 @@ into a URL, whether configured or not:
 - the user information of a URL: ``https://user:pass@host/`` -> ``https://***@host/``;
 - the value of a query parameter whose name says it is a credential (``api_key``,
   ``token``, ``secret``, ``password``, ``sig``, ...): ``?api_key=abc`` -> ``?api_key=***``;
-- a bearer token: ``Bearer abc.def`` -> ``Bearer ***``.
+- a bearer token: ``Bearer abc.def`` -> ``Bearer ***``;
+- an API key of this service, wherever written: ``ok_<id>_<secret>`` -> ``ok_<id>_***``.
 
 Configured secrets are literal strings (a pool's API key, a URL's password, the Basic
 credentials an HTTP client derives from it). A secret shorter than :data:`MIN_SECRET_CHARS`
@@ -34,6 +35,8 @@ _SECRET_WORDS = frozenset(
 # scheme://userinfo@ : userinfo stops at the first character a URL authority cannot hold
 _USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.\-]*://)(?P<userinfo>[^/?#@\s\"'<>]+)@")
 _QUERY_PARAM = re.compile(r"(?P<lead>[?&;](?P<name>[A-Za-z0-9_.\-]+)=)(?P<value>[^&#;\s\"'<>]+)")
+# an API key of this service (``orchestrator_core.keys``): its id is kept, its secret masked
+_API_KEY = re.compile(r"(?P<id>\bok_[0-9a-f]{12}_)[A-Za-z0-9_\-]{43}")
 _BEARER = re.compile(r"(?P<lead>\bBearer\s+)(?P<token>[A-Za-z0-9\-._~+/]+=*)", re.IGNORECASE)
 
 
@@ -57,6 +60,8 @@ def scrub_url_credentials(text: str) -> str:
         text = _QUERY_PARAM.sub(_param_value, text)
     if "earer" in text or "EARER" in text:
         text = _BEARER.sub(lambda m: f"{m['lead']}{MASK}", text)
+    if "ok_" in text:  # this service's own API keys, wherever they were written
+        text = _API_KEY.sub(lambda m: f"{m['id']}{MASK}", text)
     return text
 
 

@@ -116,9 +116,17 @@ class JsonFormatter(logging.Formatter):
 
 
 # The loggers whose records may quote a URL or an upstream reply: this service's, its
-# adapters' and its HTTP client's. A filter on a logger sees the records created on that
-# logger only (not its children's), so each one present is given the filter.
-_SCRUBBED_ROOTS = ("orchestratord", "orchestrator_core", "worker_adapters", "httpx", "httpcore")
+# adapters', its HTTP client's and its server's (``uvicorn.access`` writes each request's
+# path and query). A filter on a logger sees the records created on that logger only (not
+# its children's), so each one present is given the filter.
+_SCRUBBED_ROOTS = (
+    "orchestratord",
+    "orchestrator_core",
+    "worker_adapters",
+    "httpx",
+    "httpcore",
+    "uvicorn",
+)
 
 
 class SecretsFilter(logging.Filter):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from typing import Any
+from urllib.parse import parse_qsl
 
 from fastapi import Depends, Request
 from fastapi.routing import APIRoute
@@ -19,8 +20,9 @@ from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from orchestrator_core import keys
-from orchestrator_core.errors import Forbidden, OrchestratorError, Unauthenticated
+from orchestrator_core.errors import Forbidden, InvalidParams, OrchestratorError, Unauthenticated
 from orchestrator_core.keys import Principal
+from orchestrator_core.secrets import secret_param
 from orchestratord.api.asgi import header
 from orchestratord.api.errors import error_response, status_of
 
@@ -86,6 +88,15 @@ def _forbidden(principal: Principal, required: keys.Scope) -> Forbidden:
     )
 
 
+def credential_in_query(scope: Scope) -> str | None:
+    """The name of a query parameter that carries a credential (``api_key``, ``token``...)."""
+    raw: bytes = scope["query_string"]
+    for name, _ in parse_qsl(raw.decode("latin-1"), keep_blank_values=True):
+        if secret_param(name):
+            return str(name)
+    return None
+
+
 class AuthMiddleware:
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -109,6 +120,13 @@ class AuthMiddleware:
             await self.app(scope, receive, send)
             return
         orch = scope["app"].state.orchestrator
+        if b"=" in scope["query_string"] and (named := credential_in_query(scope)) is not None:
+            refused = InvalidParams(
+                "credentials go in the Authorization header (Bearer), never in a URL",
+                field=f"query.{named}",
+            )
+            await error_response(status_of(refused), refused.body())(scope, receive, send)
+            return
         guard = orch.auth
         if not await guard.enabled() or scope["path"] in guard.open_paths:
             await self.app(scope, receive, send)
