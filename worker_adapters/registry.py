@@ -43,6 +43,7 @@ ENGINES: dict[str, str] = {
     "kakeya": "worker_adapters.kakeya",
     "salience": "worker_adapters.salience",
     "uma": "worker_adapters.uma",
+    "evergreen": "worker_adapters.evergreen",
 }
 
 Options = TypeVar("Options", bound=BaseModel)

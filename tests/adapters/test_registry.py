@@ -43,6 +43,7 @@ def test_what_the_variants_declare() -> None:
         "kakeya": (True, "control_plane", False, None),
         "salience": (True, "control_plane", False, None),
         "uma": (False, "engine", False, None),
+        "evergreen": (True, "engine", False, None),
     }
     assert local_engines() == ["sim", "llama"]
 

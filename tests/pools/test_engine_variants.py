@@ -111,7 +111,7 @@ def test_an_unregistered_engine_is_refused_naming_the_known_ones(tmp_path: Path)
         load_pools_file(path)
     message = str(info.value)
     assert message.startswith(f"{path}: pools.0.engine (line 3): Value error, unknown engine")
-    assert "'echo' (known: kakeya, llama, openai, salience, sim, uma)" in message
+    assert "'echo' (known: evergreen, kakeya, llama, openai, salience, sim, uma)" in message
 
 
 POOL = """\
