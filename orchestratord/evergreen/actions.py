@@ -78,6 +78,7 @@ class ActionKind(abc.ABC):
 class PlanContext:
     run_seed: int
     unpack: Callable[[bytes], Any]  # a GenerateConfig's bytes -> the message
+    tools: tuple[str, ...] = ()  # the flow's tools, by name
 
 
 def _params(call: ActionCall, ctx: PlanContext) -> dict[str, Any]:
@@ -130,9 +131,18 @@ class Generate(ActionKind):
 
 
 class Plan(Generate):
+    """Offers the model every tool of the flow."""
+
     outputs = ("suggestions",)
     step_type = "llm_plan"
     streamed = False
+
+    def plan(
+        self, call: ActionCall, param: Param, leaves: list[Leaf], ctx: PlanContext
+    ) -> dict[str, Any]:
+        if not ctx.tools:
+            raise SessionAbort("INVALID_ARGUMENT", "PLAN needs a flow with tools to offer")
+        return {**super().plan(call, param, leaves, ctx), "tools": list(ctx.tools)}
 
 
 class ToolAction(ActionKind):

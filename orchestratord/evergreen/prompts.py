@@ -25,12 +25,9 @@ def _is_end_of_turn(mimetype: str) -> bool:
 
 
 def _text(leaf: Leaf, param: str) -> str:
-    if leaf.ref is not None:
-        scheme = leaf.ref.split(":", 1)[0] if ":" in leaf.ref else "(none)"
+    if leaf.ref is not None:  # read before (refs.py): here only if nothing read it
         raise SessionAbort(
-            "UNIMPLEMENTED",
-            f"input {param!r}: node {leaf.node_id!r} is a reference ({scheme}:...); "
-            "references are not read, send the data inline",
+            "UNIMPLEMENTED", f"input {param!r}: node {leaf.node_id!r} is an unread reference"
         )
     if not leaf.mimetype.lower().startswith("text/"):
         raise SessionAbort(

@@ -102,11 +102,19 @@ class EvergreenService:
             async with orch.tx() as tx:
                 flow = await get_flow(tx.session, flow_id=flow_id)
                 run = await open_run(orch, tx.session, flow_id, body)
-                run_id, seed = run.run_id, run.seed
+                run_id, seed, fs_policy = run.run_id, run.seed, run.fs_policy
                 tools = [str(t.get("name")) for t in flow.tools or () if t.get("name")]
         except OrchestratorError as exc:
             raise _refused(exc) from None
-        return Session(orch, self.pb, run_id=run_id, seed=seed, principal=principal, tools=tools)
+        return Session(
+            orch,
+            self.pb,
+            run_id=run_id,
+            seed=seed,
+            principal=principal,
+            tools=tools,
+            fs_policy=fs_policy,
+        )
 
     async def StartSession(
         self, requests: AsyncIterator[Any], context: grpc.aio.ServicerContext

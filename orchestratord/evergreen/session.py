@@ -33,6 +33,7 @@ from orchestrator_core.keys import Principal
 from orchestratord.evergreen import actions as acts
 from orchestratord.evergreen.nodes import ChunkPart, Fragment, Limits, NodeStore, SessionAbort
 from orchestratord.evergreen.prompts import MODEL_ROLE
+from orchestratord.evergreen.refs import resolved
 from orchestratord.runs import service as runs
 from orchestratord.runtime import Orchestrator
 from orchestratord.steps.queries import get_step
@@ -69,6 +70,7 @@ class Session:
         seed: int,
         principal: Principal | None,
         tools: Sequence[str],
+        fs_policy: dict[str, Any] | None = None,
     ) -> None:
         settings = orch.settings.evergreen
         self.orch = orch
@@ -76,6 +78,7 @@ class Session:
         self.run_id = run_id
         self.principal = principal
         self.tools = tuple(tools)
+        self.fs_policy = fs_policy  # where file:// references may be read (refs.py)
         self.wait_s = settings.input_wait_s
         self.store = NodeStore(
             Limits(
@@ -84,7 +87,7 @@ class Session:
                 max_depth=settings.max_depth,
             )
         )
-        self.ctx = acts.PlanContext(run_seed=seed, unpack=self._unpack_config)
+        self.ctx = acts.PlanContext(run_seed=seed, unpack=self._unpack_config, tools=self.tools)
         self.out: asyncio.Queue[Any] = asyncio.Queue()
         self._actions: asyncio.Queue[tuple[acts.ActionCall, acts.ActionKind] | None] = (
             asyncio.Queue()
@@ -159,7 +162,7 @@ class Session:
         self._count += 1
         param = acts.input_of(call, kind)
         await self.store.wait_complete([param.id], self.wait_s)
-        leaves = self.store.leaves(param.id)
+        leaves = await resolved(self.store.leaves(param.id), self.fs_policy)
         planned = acts.plan(call, kind, leaves, self.ctx, list(self.orch.pools.pools))
         body: dict[str, Any] = {
             "type": planned.step_type,

@@ -428,3 +428,87 @@ async def test_a_strict_replay_that_diverges_aborts_with_the_divergence(door: Do
     assert again.code == grpc.StatusCode.FAILED_PRECONDITION, again.details
     assert again.error["code"] == "REPLAY_MISS"  # no recorded step asked this
     assert (await door.run(again.run_id))["status"] == "failed"
+
+
+def _ref(node_id: str, uri: str) -> Any:
+    from tests.evergreen.upstream import PUBLISHED
+
+    chunk = PUBLISHED.Chunk(ref=uri)
+    chunk.metadata.mimetype = "text/plain"
+    return PUBLISHED.NodeFragment(id=node_id, chunk_fragment=chunk)
+
+
+async def test_a_file_ref_is_read_inside_the_run_s_roots_only(door: Door, tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "q.txt").write_text("from a file")
+    (tmp_path / "secret.txt").write_text("outside")
+    run = {"fs_policy": {"roots": [str(root)]}}
+
+    def asking(uri: str) -> Any:
+        return message(_ref("q", uri), action("GENERATE", {"prompt": "q"}, {"response": "r"}))
+
+    out = await start(door.port, door.md(run), sent(asking(f"file://{root}/q.txt")))
+    assert out.code == grpc.StatusCode.OK, out.details
+    (step,) = await door.steps(out.run_id)
+    assert step["input"]["prompt"] == "from a file"
+    out = await start(door.port, door.md(run), sent(asking(f"file://{tmp_path}/secret.txt")))
+    assert out.code == grpc.StatusCode.PERMISSION_DENIED, out.details
+    out = await start(door.port, door.md(run), sent(asking("https://example.com/q.txt")))
+    assert out.code == grpc.StatusCode.UNIMPLEMENTED and "'https'" in out.details
+
+
+async def test_a_session_past_its_limits_is_refused_naming_the_limit(db_url: str) -> None:
+    settings = make_settings(db_url, evergreen={"max_nodes": 3})
+    async for door in _door(Orchestrator(settings)):
+        nodes = [text(f"n{i}", "x") for i in range(5)]
+        out = await start(door.port, door.md(), sent(message(*nodes)))
+        assert out.code == grpc.StatusCode.RESOURCE_EXHAUSTED, out.details
+        assert "max_nodes" in out.details
+
+
+async def test_plan_is_an_llm_plan_and_a_budget_refusal_is_resource_exhausted(
+    door: Door,
+) -> None:
+    out = await start(
+        door.port,
+        door.md(),
+        sent(
+            message(
+                text("goal", "Say hello with the echo tool."),
+                action("PLAN", {"prompt": "goal"}, {"suggestions": "plan_1"}),
+            )
+        ),
+    )
+    assert out.code == grpc.StatusCode.OK, out.details
+    (step,) = await door.steps(out.run_id)
+    assert step["type"] == "llm_plan"
+    (fragment,) = out.fragments("plan_1")
+    assert fragment.chunk_fragment.metadata.mimetype == "application/json"
+    import json
+
+    assert json.loads(fragment.chunk_fragment.data) == step["output"]
+    poor = {"budgets": {"max_tokens_out": 2}}
+    out = await start(
+        door.port,
+        door.md(poor),
+        sent(
+            message(
+                text("q", "hi"),
+                action(
+                    "GENERATE",
+                    {"prompt": "q"},
+                    {"response": "r"},
+                    configs=[generate_config(max_tokens=50)],
+                ),
+                action(
+                    "GENERATE",
+                    {"prompt": "q"},
+                    {"response": "r2"},
+                    configs=[generate_config(max_tokens=50)],
+                ),
+            )
+        ),
+    )
+    assert out.code == grpc.StatusCode.RESOURCE_EXHAUSTED, (out.code, out.details)
+    assert out.error["code"] == "BUDGET_EXCEEDED"
