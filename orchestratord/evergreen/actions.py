@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from orchestratord.evergreen.nodes import Leaf, SessionAbort
-from orchestratord.evergreen.prompts import llm_input
+from orchestratord.evergreen.prompts import MODEL_ROLE, llm_input
 
 CONFIG_TYPE = "orchestratord.evergreen.v1.GenerateConfig"
 JSON = "application/json"
@@ -57,6 +57,13 @@ class Planned:
     input_id: str
     output_id: str | None  # None: the caller does not want the output
     streamed: bool  # tokens as they come (else one JSON chunk once the step ends)
+
+    @property
+    def output_role(self) -> str:
+        """The role its output carries: ``model`` for an answer to a conversation (a later
+        input naming it stays a conversation); none for an answer to a plain prompt (a
+        later input naming it stays plain text, which a session-bound engine extends)."""
+        return MODEL_ROLE if "messages" in self.step_input else ""
 
 
 class ActionKind(abc.ABC):

@@ -32,7 +32,6 @@ from orchestrator_core.errors import OrchestratorError
 from orchestrator_core.keys import Principal
 from orchestratord.evergreen import actions as acts
 from orchestratord.evergreen.nodes import ChunkPart, Fragment, Limits, NodeStore, SessionAbort
-from orchestratord.evergreen.prompts import MODEL_ROLE
 from orchestratord.evergreen.refs import resolved
 from orchestratord.runs import service as runs
 from orchestratord.runtime import Orchestrator
@@ -189,13 +188,15 @@ class Session:
         if planned.output_id is None:
             return
         if planned.streamed:
-            self.store.add_output(planned.output_id, TEXT, MODEL_ROLE, text)
+            self.store.add_output(planned.output_id, TEXT, planned.output_role, text)
             return
         async with self.orch.db.read() as session:
             step = await get_step(session, step_id=step_id)
         data = orjson.dumps(step.output)
-        self.out.put_nowait(self._message(planned.output_id, 0, data, final=True, mime=acts.JSON))
-        self.store.add_output(planned.output_id, acts.JSON, MODEL_ROLE, data)
+        self.out.put_nowait(
+            self._message(planned.output_id, 0, data, final=True, mime=acts.JSON, role="")
+        )
+        self.store.add_output(planned.output_id, acts.JSON, "", data)
 
     async def _follow(self, step_id: str, planned: acts.Planned) -> bytes:
         """The step's events to its end; its tokens streamed as fragments of the output."""
@@ -211,19 +212,25 @@ class Session:
             if tokens and planned.streamed and planned.output_id is not None:
                 data = "".join(tokens).encode()
                 parts.append(data)
-                self.out.put_nowait(self._message(planned.output_id, seq, data, final=False))
+                self.out.put_nowait(
+                    self._message(
+                        planned.output_id, seq, data, final=False, role=planned.output_role
+                    )
+                )
                 seq += 1
         if planned.streamed and planned.output_id is not None:
-            self.out.put_nowait(self._message(planned.output_id, seq, b"", final=True))
+            self.out.put_nowait(
+                self._message(planned.output_id, seq, b"", final=True, role=planned.output_role)
+            )
         return b"".join(parts)
 
     def _message(
-        self, node_id: str, seq: int, data: bytes, *, final: bool, mime: str = TEXT
+        self, node_id: str, seq: int, data: bytes, *, final: bool, role: str, mime: str = TEXT
     ) -> Any:
         ev = self.pb.evergreen
         chunk = ev.Chunk(data=data)
         if seq == 0:
-            chunk.metadata.CopyFrom(ev.ChunkMetadata(mimetype=mime, role=MODEL_ROLE))
+            chunk.metadata.CopyFrom(ev.ChunkMetadata(mimetype=mime, role=role))
         fragment = ev.NodeFragment(id=node_id, seq=seq, continued=not final, chunk_fragment=chunk)
         return self.pb.evergreen_service.SessionMessage(node_fragments=[fragment])
 

@@ -110,7 +110,7 @@ async def test_a_two_turn_conversation_names_the_first_turn_by_id(door: Door) ->
     second = message(
         action("GENERATE", {"prompt": "prompt_2"}, {"response": "response_2"}),
         parent("prompt_2", "prompt_1", "response_1", "question_2"),
-        text("question_2", "Who's winning?"),
+        text("question_2", " Who's winning?"),
     )
     # both turns at once: the second waits for the first's response (a barrier)
     out = await start(door.port, door.md(), sent(first, second))
@@ -122,18 +122,44 @@ async def test_a_two_turn_conversation_names_the_first_turn_by_id(door: Door) ->
         assert [s for s, _, _ in shape] == list(range(len(shape)))
         assert all(m is None for _, _, m in shape[1:])
         assert [c for _, c, _ in shape] == [True] * (len(shape) - 1) + [False]
-        assert fragments[0].chunk_fragment.metadata.role == "model"
     run = await door.run(out.run_id)
     assert run["status"] == "succeeded"
     steps = await door.steps(out.run_id)
     assert [s["type"] for s in steps] == ["llm_call", "llm_call"]
     assert out.text_of("response_1") == steps[0]["output"]["text"]
     assert steps[0]["input"]["prompt"] == "Write a summary of this race: "
-    # the second prompt is the conversation: the first turn, the answer, the question
+    # a plain prompt's answer stays plain text: the second prompt extends the first
+    assert steps[1]["input"]["prompt"] == (
+        "Write a summary of this race: " + out.text_of("response_1") + " Who's winning?"
+    )
+
+
+async def test_a_conversation_with_roles_is_a_chat_and_its_answers_are_the_model_s(
+    door: Door,
+) -> None:
+    out = await start(
+        door.port,
+        door.md(),
+        sent(
+            message(
+                action("GENERATE", {"prompt": "p1"}, {"response": "r1"}),
+                parent("p1", "q1"),
+                text("q1", "Hi there.", role="user"),
+            ),
+            message(
+                action("GENERATE", {"prompt": "p2"}, {"response": "r2"}),
+                parent("p2", "p1", "r1", "q2"),
+                text("q2", "And then?", role="user"),
+            ),
+        ),
+    )
+    assert out.code == grpc.StatusCode.OK, out.details
+    assert out.fragments("r1")[0].chunk_fragment.metadata.role == "model"
+    steps = await door.steps(out.run_id)
     assert steps[1]["input"]["messages"] == [
-        {"role": "user", "content": "Write a summary of this race: "},
-        {"role": "assistant", "content": out.text_of("response_1")},
-        {"role": "user", "content": "Who's winning?"},
+        {"role": "user", "content": "Hi there."},
+        {"role": "assistant", "content": out.text_of("r1")},
+        {"role": "user", "content": "And then?"},
     ]
 
 
@@ -512,3 +538,50 @@ async def test_plan_is_an_llm_plan_and_a_budget_refusal_is_resource_exhausted(
     )
     assert out.code == grpc.StatusCode.RESOURCE_EXHAUSTED, (out.code, out.details)
     assert out.error["code"] == "BUDGET_EXCEEDED"
+
+
+async def test_shared_nodes_cost_a_session_bound_engine_nothing_twice(tmp_path: Path) -> None:
+    """Through the front door to a Kakeya pool: the second turn names the first prompt and
+    its answer by id; the engine keeps one session and receives only the new text's tokens."""
+    from orchestratord.api.app import create_app
+    from tests.pools.test_session_engines import two_replicas
+    from worker_adapters.sessions import continuation
+    from worker_adapters.tokenizers import SimTokenizer
+
+    sim = SimTokenizer()
+    first, question = "User: plan the step\nAssistant:", "\nUser: and the gate?\nAssistant:"
+    new_tokens = continuation(sim, question)
+    assert new_tokens is not None
+    expected = len(sim.encode(first)) + len(new_tokens)
+    async with two_replicas("kakeya", tmp_path) as (orch, runtimes):
+        server = EvergreenServer(orch, host="127.0.0.1", port=0)
+        port = await server.start()
+        try:
+            transport = httpx.ASGITransport(app=create_app(orchestrator=orch))
+            async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+                flow_id = await make_flow(http, {"shared": 1})
+            probes = sum(rt.store.created for rt in runtimes)
+            seen: list[int] = []
+
+            async def turns() -> AsyncIterator[Any]:
+                yield message(
+                    action("GENERATE", {"prompt": "p1"}, {"response": "r1"}), text("p1", first)
+                )
+                yield message(
+                    action("GENERATE", {"prompt": "p2"}, {"response": "r2"}),
+                    parent("p2", "p1", "r1", "q2"),
+                    text("q2", question),
+                )
+                for _ in range(500):  # the second turn reached the engine: look, then end
+                    sessions = [x for rt in runtimes for x in rt.store.sessions.values()]
+                    if sessions and sessions[0].received >= expected:
+                        seen.extend(x.received for x in sessions)
+                        return
+                    await asyncio.sleep(0.01)
+
+            out = await start(port, metadata(flow_id, {"seed": 3}), turns())
+            assert out.code == grpc.StatusCode.OK, out.details
+            assert sum(rt.store.created for rt in runtimes) == probes + 1  # one session
+        finally:
+            await server.stop()
+    assert seen == [expected]  # the first prompt once, then only the question's tokens
