@@ -32,7 +32,7 @@ from tests.evergreen.upstream import (
     start,
     text,
 )
-from tests.helpers import make_flow, started_client
+from tests.helpers import make_flow, started_client, wait_status
 from tests.procs import free_port, process
 
 ECHO_TOOL = {
@@ -585,3 +585,36 @@ async def test_shared_nodes_cost_a_session_bound_engine_nothing_twice(tmp_path: 
         finally:
             await server.stop()
     assert seen == [expected]  # the first prompt once, then only the question's tokens
+
+
+async def test_a_session_s_run_replays_over_http(door: Door) -> None:
+    recorded = await start(
+        door.port,
+        door.md({"seed": 21}),
+        sent(
+            message(
+                text("p", "a story"),
+                action(
+                    "GENERATE",
+                    {"prompt": "p"},
+                    {"response": "r"},
+                    configs=[generate_config(max_tokens=5, temperature=0.9)],
+                ),
+            )
+        ),
+    )
+    assert recorded.code == grpc.StatusCode.OK, recorded.details
+    (step,) = await door.steps(recorded.run_id)
+    for mode in ("replay", "strict_replay"):
+        r = await door.http.post(
+            f"/v1/flows/{door.flow_id}/runs",
+            json={"mode": mode, "source_run_id": recorded.run_id},
+        )
+        assert r.status_code == 201, r.text
+        run_id = r.json()["run_id"]
+        body = {k: step[k] for k in ("type", "client_token", "input")}
+        r = await door.http.post(f"/v1/runs/{run_id}/steps", json=body)
+        assert r.status_code == 202, r.text
+        again = await wait_status(door.http, r.json()["step_id"], "succeeded", "failed")
+        assert again["status"] == "succeeded", again.get("error")
+        assert again["output"]["text"] == recorded.text_of("r") != ""
