@@ -618,3 +618,22 @@ async def test_a_session_s_run_replays_over_http(door: Door) -> None:
         again = await wait_status(door.http, r.json()["step_id"], "succeeded", "failed")
         assert again["status"] == "succeeded", again.get("error")
         assert again["output"]["text"] == recorded.text_of("r") != ""
+
+
+async def test_target_spec_pins_a_pool_or_names_a_model(door: Door) -> None:
+    out = await start(
+        door.port,
+        door.md(),
+        sent(
+            message(
+                text("q", "hi"),
+                action("GENERATE", {"prompt": "q"}, {"response": "r1"}, target="local"),
+                action("GENERATE", {"prompt": "q"}, {"response": "r2"}, target="no-such-model"),
+            )
+        ),
+    )
+    # the pool pins the first; the second names a model no pool serves: refused naming it
+    assert out.code == grpc.StatusCode.INVALID_ARGUMENT, out.details
+    assert "input.model" in out.details and "no-such-model" in out.details
+    steps = await door.steps(out.run_id)
+    assert [(s["placement"], s["pool_id"]) for s in steps] == [({"pin": "local"}, "local")]
