@@ -350,11 +350,12 @@ class EvergreenService:
                 await self.faults.during(sent)
         finally:
             await stream.aclose()  # type: ignore[attr-defined]
-        if output_id is not None:
-            await context.write(fragment(b"", final=True))
-            served.store.add_output(output_id, TEXT, role, b"".join(parts))
+        # counted before the last fragment goes out: a client that has read it may look
         served.actions += 1
         self.counters.actions_run += 1
+        if output_id is not None:
+            served.store.add_output(output_id, TEXT, role, b"".join(parts))
+            await context.write(fragment(b"", final=True))
 
 
 @dataclass
