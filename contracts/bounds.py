@@ -118,6 +118,17 @@ def _required(value: Any) -> Any:
 Text = Annotated[str, AfterValidator(nul_free)]
 """A string stored as text or compared in a query: no NUL."""
 
+RetryToken = Annotated[
+    Text | None,
+    Field(
+        min_length=1,
+        max_length=256,
+        description="a retried request with the same token answers the first record (200); "
+        "the same token with another body is 409 CONFLICT",
+    ),
+]
+"""An optional ``client_token`` of a write a client may retry."""
+
 RequiredJson = Annotated[
     Any, AfterValidator(_required), Field(json_schema_extra={"not": {"type": "null"}})
 ]

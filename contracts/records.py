@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import Field
 
-from contracts.bounds import RequiredJson, Text
+from contracts.bounds import RequiredJson, RetryToken, Text
 from contracts.common import Out, Strict
 
 
@@ -16,13 +16,7 @@ class FactCreate(Strict):
     data: RequiredJson = Field(description="any JSON but null")
     schema_uri: Text | None = None
     step_id: Text | None = Field(default=None, description="the step that emitted the fact")
-    client_token: Text | None = Field(
-        default=None,
-        min_length=1,
-        max_length=256,
-        description="a retried request with the same token returns the first record (200); "
-        "the same token with another body is 409 CONFLICT",
-    )
+    client_token: RetryToken = None
 
 
 class FactOut(Out):
@@ -38,13 +32,7 @@ class FactOut(Out):
 class CheckpointCreate(Strict):
     state: dict[str, Any]
     step_id: Text | None = None
-    client_token: Text | None = Field(
-        default=None,
-        min_length=1,
-        max_length=256,
-        description="a retried request with the same token returns the first record (200); "
-        "the same token with another body is 409 CONFLICT",
-    )
+    client_token: RetryToken = None
 
 
 class CheckpointOut(Out):

@@ -5,7 +5,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from contracts.bounds import Count, Text
+from contracts.bounds import Count, RetryToken, Text
 from contracts.common import Budgets, Out, Placement, Strict
 
 RunMode = Literal["record", "replay", "strict_replay"]
@@ -50,13 +50,7 @@ class RunCreate(Strict):
     pool_policy: Placement = "auto"
     fs_policy: FsPolicy = Field(default_factory=FsPolicy)
     cancel_on_disconnect: bool | None = None
-    client_token: Text | None = Field(
-        default=None,
-        min_length=1,
-        max_length=256,
-        description="a retried request with the same token returns the first run (200); "
-        "the same token with another body is 409 CONFLICT",
-    )
+    client_token: RetryToken = None
 
 
 class Usage(Out):

@@ -35,7 +35,6 @@ import argparse
 import asyncio
 import contextlib
 import itertools
-import json
 import secrets
 import time
 from collections.abc import AsyncIterator, Callable
@@ -45,12 +44,13 @@ from typing import Any
 import grpc  # type: ignore[import-untyped]
 
 from contracts.protos import load
-from orchestratord.evergreen.nodes import ChunkPart, Fragment, Limits, NodeStore, SessionAbort
+from orchestratord.evergreen.actions import config_params, known_config
+from orchestratord.evergreen.nodes import Limits, NodeStore, SessionAbort
 from orchestratord.evergreen.prompts import MODEL_ROLE, llm_input
+from orchestratord.evergreen.session import fragment_of
 from worker_adapters.base import Finish, GenerationRequest, Token, WorkerAdapter
 from worker_adapters.sim import SimAdapter
 
-CONFIG_TYPE = "orchestratord.evergreen.v1.GenerateConfig"
 TEXT = "text/plain"
 DEFAULT_MAX_TOKENS = 64
 _INPUTS = ("prompt", "text")
@@ -134,23 +134,6 @@ class _Evict:
 _EVICT = _Evict()
 
 
-def _fragment(f: Any) -> Fragment:
-    chunk = None
-    if f.HasField("chunk_fragment"):
-        c = f.chunk_fragment
-        meta = c.metadata if c.HasField("metadata") else None
-        which = c.WhichOneof("payload")
-        chunk = ChunkPart(
-            mimetype=None if meta is None else meta.mimetype,
-            role=None if meta is None else meta.role,
-            data=c.data if which == "data" else None,
-            ref=c.ref if which == "ref" else None,
-        )
-    return Fragment(
-        id=f.id, seq=f.seq, continued=f.continued, child_ids=tuple(f.child_ids), chunk=chunk
-    )
-
-
 def _param(params: Any, names: tuple[str, ...], what: str, action: str) -> str | None:
     found = None
     for p in params:
@@ -230,7 +213,7 @@ class EvergreenService:
                 served.received.append(message.ByteSize())
                 served.last_used = self.clock()
                 for fragment in message.node_fragments:
-                    served.store.add(_fragment(fragment))
+                    served.store.add(fragment_of(fragment))
                 for action in message.actions:
                     output = _param(action.outputs, _OUTPUTS, "output", action.name)
                     if output is not None:
@@ -262,31 +245,14 @@ class EvergreenService:
         params: dict[str, Any] = {"max_tokens": DEFAULT_MAX_TOKENS}
         seed: int | None = None
         for packed in action.configs:
-            if packed.type_url.rsplit("/", 1)[-1] != CONFIG_TYPE:
-                raise SessionAbort(
-                    "INVALID_ARGUMENT",
-                    f"action {action.name!r}: config {packed.type_url!r} is not known (this"
-                    f" server takes type.googleapis.com/{CONFIG_TYPE})",
-                )
+            known_config(packed.type_url, action.name)
             config = self.pb.evergreen_config.GenerateConfig()
             config.ParseFromString(packed.value)
-            for name in ("max_tokens", "top_k"):
-                if config.HasField(name):
-                    params[name] = getattr(config, name)
-            for name in ("temperature", "top_p"):  # float32 on the wire: 0.7 is 0.699999988
-                if config.HasField(name):
-                    params[name] = round(float(getattr(config, name)), 6)
+            params.update(config_params(config, action.name))
             if config.HasField("seed"):
                 seed = config.seed
-            if config.stop:
-                params["stop"] = tuple(config.stop)
-            if config.json_schema:
-                try:
-                    params["json_schema"] = json.loads(config.json_schema)
-                except json.JSONDecodeError as exc:
-                    raise SessionAbort(
-                        "INVALID_ARGUMENT", f"action {action.name!r}: json_schema: {exc}"
-                    ) from None
+        if "stop" in params:
+            params["stop"] = tuple(params["stop"])
         messages = prompt.get("messages")
         return GenerationRequest(
             request_id=secrets.token_hex(8),

@@ -88,38 +88,50 @@ class PlanContext:
     tools: tuple[str, ...] = ()  # the flow's tools, by name
 
 
+def config_params(config: Any, action: str) -> dict[str, Any]:
+    """A ``GenerateConfig``'s generation parameters, as a step's ``input.params`` names them
+    (its ``seed`` is the caller's to check)."""
+    params: dict[str, Any] = {}
+    for name in ("max_tokens", "top_k"):
+        if config.HasField(name):
+            params[name] = getattr(config, name)
+    for name in ("temperature", "top_p"):  # float32 on the wire: 0.7 arrives as 0.699999988
+        if config.HasField(name):
+            params[name] = round(float(getattr(config, name)), 6)
+    if config.stop:
+        params["stop"] = list(config.stop)
+    if config.json_schema:
+        try:
+            params["json_schema"] = json.loads(config.json_schema)
+        except json.JSONDecodeError as exc:
+            raise SessionAbort(
+                "INVALID_ARGUMENT", f"action {action!r}: json_schema is not JSON: {exc}"
+            ) from None
+    return params
+
+
+def known_config(type_url: str, action: str) -> None:
+    """Refuses a config of a type this server does not take, naming it."""
+    if type_url.rsplit("/", 1)[-1] != CONFIG_TYPE:
+        raise SessionAbort(
+            "INVALID_ARGUMENT",
+            f"action {action!r}: config {type_url!r} is not known (this server takes"
+            f" type.googleapis.com/{CONFIG_TYPE})",
+        )
+
+
 def _params(call: ActionCall, ctx: PlanContext) -> dict[str, Any]:
     params: dict[str, Any] = {}
     for type_url, value in call.configs:
-        if type_url.rsplit("/", 1)[-1] != CONFIG_TYPE:
-            raise SessionAbort(
-                "INVALID_ARGUMENT",
-                f"action {call.name!r}: config {type_url!r} is not known (this server takes"
-                f" type.googleapis.com/{CONFIG_TYPE})",
-            )
+        known_config(type_url, call.name)
         config = ctx.unpack(value)
-        for name in ("max_tokens", "temperature", "top_p", "top_k"):
-            if config.HasField(name):
-                params[name] = getattr(config, name)
-        if config.stop:
-            params["stop"] = list(config.stop)
-        if config.json_schema:
-            try:
-                params["json_schema"] = json.loads(config.json_schema)
-            except json.JSONDecodeError as exc:
-                raise SessionAbort(
-                    "INVALID_ARGUMENT", f"action {call.name!r}: json_schema is not JSON: {exc}"
-                ) from None
+        params.update(config_params(config, call.name))
         if config.HasField("seed") and config.seed != ctx.run_seed:
             raise SessionAbort(
                 "INVALID_ARGUMENT",
                 f"action {call.name!r}: seed {config.seed} is not the run's ({ctx.run_seed}):"
                 " a session's seed is its run's (x-run)",
             )
-    if "temperature" in params:  # a float32 on the wire: 0.7 arrives as 0.699999988
-        params["temperature"] = round(float(params["temperature"]), 6)
-    if "top_p" in params:
-        params["top_p"] = round(float(params["top_p"]), 6)
     return params
 
 

@@ -130,7 +130,7 @@ class Session:
         try:
             async for message in requests:
                 for fragment in message.node_fragments:
-                    self.store.add(_fragment(fragment))
+                    self.store.add(fragment_of(fragment))
                 for action in message.actions:
                     call = _call(action)
                     kind = acts.kind_of(call.name, self.tools)
@@ -264,7 +264,8 @@ class ActionFailed(Exception):
         self.body: dict[str, Any] = {k: body[k] for k in kept if k in body}
 
 
-def _fragment(f: Any) -> Fragment:
+def fragment_of(f: Any) -> Fragment:
+    """A received ``NodeFragment`` in plain values (``nodes.Fragment``)."""
     chunk = None
     if f.HasField("chunk_fragment"):
         c = f.chunk_fragment
