@@ -5,12 +5,14 @@ from __future__ import annotations
 import unicodedata
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import parse_qsl, urlsplit
 
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
 from orchestrator_core.canonical import canonical_json, normalize, sha256_of
 from orchestrator_core.errors import InvalidParams, TooLarge
+from orchestrator_core.secrets import secret_param
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,7 @@ class FlowLimits:
                 field="tools",
             )
         for i, tool in enumerate(tools):
+            _no_credentials(tool, f"tools[{i}].executor.url")
             size = len(canonical_json(tool.get("parameters")))
             if size > self.max_tool_schema_bytes:
                 raise TooLarge(
@@ -50,6 +53,29 @@ class FlowLimits:
                     value=self.max_tool_schema_bytes,
                     field=f"tools[{i}].parameters",
                 )
+
+
+def _no_credentials(tool: dict[str, Any], field: str) -> None:
+    """A tool's URL is the flow's content, shown and exported as written: no user, password
+    or credential-named query value in it."""
+    executor = tool.get("executor") or {}
+    url = executor.get("url") if isinstance(executor, dict) else None
+    if not isinstance(url, str):
+        return
+    try:
+        parts = urlsplit(url)
+        has_user = parts.username is not None or parts.password is not None
+        query = parse_qsl(parts.query, keep_blank_values=True)
+    except ValueError:
+        return  # the call fails naming the URL; nothing to leak
+    named = [name for name, _ in query if secret_param(name)]
+    if has_user or named:
+        what = "a user or password" if has_user else f"a credential ({named[0]})"
+        raise InvalidParams(
+            f"a tool URL carries no credentials, and this one has {what}: the URL is the "
+            "flow's content, shown and exported as written",
+            field=field,
+        )
 
 
 def flow_id_for(content_hash: str) -> str:

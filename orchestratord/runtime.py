@@ -131,6 +131,7 @@ class Orchestrator:
                     max_retries=tools.max_retries,
                     backoff_s=tools.backoff_s,
                     max_connections=tools.max_connections,
+                    allow=tools.allow_list(),
                 )
             ),
             tool_breakers=BreakerBoard(breakers.config(breakers.tool_failures)),

@@ -8,10 +8,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from orchestrator_core.breakers import BreakerConfig
+from orchestrator_core.outbound import AllowList
 from worker_adapters.registry import local_engines, runs_locally
 
 
@@ -124,6 +125,21 @@ class ToolSettings(BaseModel):
     )
     backoff_s: float = Field(default=0.1, ge=0, description="First retry delay; doubles")
     max_connections: int = Field(default=64, ge=1, description="HTTP connections kept to tools")
+    allow_hosts: list[str] = Field(
+        default_factory=list,
+        description="Hosts (names) and networks (CIDRs) tools may reach beyond the public"
+        " internet: loopback, private, link-local and metadata addresses are refused unless"
+        ' listed, e.g. ["10.1.0.0/16", "tools.internal"]',
+    )
+
+    @field_validator("allow_hosts")
+    @classmethod
+    def _hosts_or_networks(cls, value: list[str]) -> list[str]:
+        AllowList.parse(value)  # names the bad entry
+        return value
+
+    def allow_list(self) -> AllowList:
+        return AllowList.parse(self.allow_hosts)
 
 
 class BreakerSettings(BaseModel):

@@ -3,7 +3,7 @@
 Routes (all POST): ``/echo`` (the JSON body back), ``/add`` (``{a, b}`` -> ``{sum}``),
 ``/slow?ms=N``, ``/status/{code}?bytes=N`` (an error reply, padded), ``/big?bytes=N`` (a JSON
 string that long; ``&chunked=1`` streams it without a Content-Length), ``/invalid-json``,
-``/flaky?fail=N&key=K`` (the first N calls per key answer 503). ``down()`` makes every route
+``/flaky?fail=N&bucket=B`` (the first N calls per bucket answer 503). ``down()`` makes every route
 answer 503 until ``up()``: a dead endpoint for breakers. ``/slow`` stops waiting when its
 client goes away (counted in ``abandoned``), so a server left with a timed-out call shuts
 down at once.
@@ -103,7 +103,7 @@ class FakeToolServer:
         return Response(b"{not json", media_type="application/json")
 
     async def _flaky(self, request: Request) -> Response:
-        key = request.query_params.get("key", "")
+        key = request.query_params.get("bucket", "")
         self.flaky[key] += 1
         if self.flaky[key] <= int(request.query_params.get("fail", "1")):
             return _json({"error": "try again"}, status=503)

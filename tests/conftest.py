@@ -99,6 +99,9 @@ async def module_client(module_db_url: str) -> AsyncIterator[httpx.AsyncClient]:
         yield c
 
 
+LOOPBACK = ["127.0.0.0/8", "::1"]
+
+
 def make_settings(db_url: str, **overrides: Any) -> Settings:
     sim = {"tokens_per_s": 0.0, "eos_probability": 0.0, "slots": 8}
     sim.update(overrides.pop("sim", {}))
@@ -106,8 +109,13 @@ def make_settings(db_url: str, **overrides: Any) -> Settings:
     stream.update(overrides.pop("stream", {}))
     dispatch = {"poll_s": 0.1}
     dispatch.update(overrides.pop("dispatch", {}))
+    # the fake tool servers listen on loopback, which tools may not reach unless allowed
+    tools = {"allow_hosts": LOOPBACK}
+    tools.update(overrides.pop("tools", {}))
     overrides.setdefault("engine", "sim")
-    return Settings(database_url=db_url, sim=sim, stream=stream, dispatch=dispatch, **overrides)
+    return Settings(
+        database_url=db_url, sim=sim, stream=stream, dispatch=dispatch, tools=tools, **overrides
+    )
 
 
 @pytest.fixture

@@ -1,5 +1,13 @@
 """HTTP tools: a POST of the args as JSON; the JSON reply is the result.
 
+Before each attempt the tool's host is resolved once and every address checked
+(``orchestrator_core.outbound``: no loopback, private, link-local, multicast, metadata...
+unless ``tools.allow_hosts`` allows it); the request then goes to the address that was
+checked (its ``Host`` header and TLS server name are the tool's host), so a name that
+resolves elsewhere a moment later (DNS rebinding) changes nothing. A refused host and a
+connection that fails answer the same error: a caller cannot tell a blocked address, a
+closed port and a filtered one apart (the refusal's reason is in the log).
+
 One pooled ``httpx.AsyncClient`` serves every call, so connections to a tool are reused.
 The reply is read as a stream and dropped as soon as it passes the size cap. A call never
 outlives its deadline (the step's wall budget), retries and backoff included; retries are
@@ -10,16 +18,23 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import ipaddress
+import logging
 import random
+import socket
 import ssl
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 import orjson
 
+from orchestrator_core.outbound import AllowList, refused
 from orchestratord.tools.errors import ToolFailure
+
+log = logging.getLogger(__name__)
+UNREACHABLE = "could not connect to the tool's host"
 
 
 @dataclass(frozen=True)
@@ -29,6 +44,8 @@ class HttpToolSettings:
     max_retries: int = 2
     backoff_s: float = 0.1  # before the first retry; doubles for each next one
     max_connections: int = 64
+    # hosts and networks allowed beyond the public ones
+    allow: AllowList = field(default_factory=AllowList)
 
 
 _RETRY_STATUS = frozenset({429, 500, 502, 503, 504})
@@ -136,6 +153,7 @@ class HttpToolExecutor:
                     headers={"idempotency-key": idempotency_key},
                     timeout=timeout_s,
                 )
+                await self._pin(request)
                 response = await self.client.send(request, stream=True)
                 try:
                     if response.is_success:
@@ -150,6 +168,9 @@ class HttpToolExecutor:
             ) from exc
         except (httpx.UnsupportedProtocol, httpx.InvalidURL) as exc:
             raise ToolFailure("connect", f"bad tool URL {url!r}: {exc}") from exc
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            # one answer for a closed port, a filtered one and a refused address
+            raise ToolFailure("connect", UNREACHABLE, retriable=True) from exc
         except httpx.TransportError as exc:
             raise ToolFailure("connect", f"{type(exc).__name__}: {exc}", retriable=True) from exc
         except httpx.DecodingError as exc:  # a Content-Encoding the body does not match
@@ -168,6 +189,34 @@ class HttpToolExecutor:
             return orjson.loads(data)
         except orjson.JSONDecodeError as exc:
             raise ToolFailure("invalid_json", f"the reply is not JSON: {exc}") from exc
+
+    async def _pin(self, request: httpx.Request) -> None:
+        """Resolve the request's host, check every address, and send the request to the
+        first one, the host kept in ``Host`` and as the TLS server name; a refused host is
+        ``httpx.ConnectError`` (what a failed connection raises)."""
+        url = request.url
+        host = url.host
+        port = url.port or (443 if url.scheme == "https" else 80)
+        try:
+            found = await asyncio.get_running_loop().getaddrinfo(
+                host, port, type=socket.SOCK_STREAM
+            )
+        except OSError as exc:
+            raise httpx.ConnectError(f"cannot resolve {host!r}", request=request) from exc
+        addresses = [ipaddress.ip_address(str(info[4][0]).split("%", 1)[0]) for info in found]
+        reason = refused(host, addresses, self.settings.allow)
+        if reason is not None:
+            log.warning("tool call to %s refused: a %s address (tools.allow_hosts)", host, reason)
+            raise httpx.ConnectError(f"{host!r} is not reachable", request=request)
+        if not addresses:
+            raise httpx.ConnectError(f"cannot resolve {host!r}", request=request)
+        ip = addresses[0]
+        literal = f"[{ip}]" if ip.version == 6 else str(ip)
+        if literal != host:
+            request.headers["host"] = request.headers.get("host") or url.netloc.decode("ascii")
+            request.url = url.copy_with(host=literal)
+            if url.scheme == "https":
+                request.extensions = {**request.extensions, "sni_hostname": host}
 
 
 async def _read(response: httpx.Response, cap: int) -> bytes:

@@ -216,7 +216,7 @@ async def test_retried_only_when_idempotent(
     if idempotent is not None:
         executor["idempotent"] = idempotent
     run_id = await run_with(
-        client, http_tool("flaky", f"{url}/flaky?fail=2&key={status}", **executor)
+        client, http_tool("flaky", f"{url}/flaky?fail=2&bucket={status}", **executor)
     )
     r = await call(client, run_id, "flaky", {"q": 1})
     step = await wait_status(client, r.json()["step_id"], "succeeded", "failed")

@@ -8,11 +8,15 @@ from typing import Any
 
 import pytest
 
+from orchestrator_core.outbound import AllowList
 from orchestratord.tools.builtin import builtin_names
 from orchestratord.tools.errors import ToolFailure
 from orchestratord.tools.executors import HttpToolSettings, ToolExecutors, ToolInvocation
 from test_harness.fake_tools import FakeToolServer, refused_url
 from test_harness.servers import serve_app
+from tests.conftest import LOOPBACK
+
+LOCAL = AllowList.parse(LOOPBACK)  # the fake tool servers listen there
 
 
 @pytest.fixture
@@ -24,7 +28,7 @@ async def server() -> AsyncIterator[tuple[FakeToolServer, str]]:
 
 @pytest.fixture
 async def executors() -> AsyncIterator[ToolExecutors]:
-    ex = ToolExecutors(HttpToolSettings(backoff_s=0.01, max_reply_bytes=10_000))
+    ex = ToolExecutors(HttpToolSettings(backoff_s=0.01, max_reply_bytes=10_000, allow=LOCAL))
     try:
         yield ex
     finally:
@@ -141,7 +145,7 @@ async def test_retries_only_for_idempotent_tools(
 ) -> None:
     fake, url = server
     retries: list[tuple[int, str]] = []
-    inv = http(f"{url}/flaky?fail=2&key={calls}{ok}", **spec)
+    inv = http(f"{url}/flaky?fail=2&bucket={calls}{ok}", **spec)
     if ok:
         assert (await executors.call(inv, on_retry=lambda n, why: retries.append((n, why))))["ok"]
     else:
@@ -157,7 +161,7 @@ async def test_each_retry_is_told_why_and_keeps_the_key(
 ) -> None:
     fake, url = server
     told: list[tuple[int, str]] = []
-    inv = http(f"{url}/flaky?fail=1&key=told", idempotent=True)
+    inv = http(f"{url}/flaky?fail=1&bucket=told", idempotent=True)
     assert (await executors.call(inv, on_retry=lambda n, why: told.append((n, why))))["ok"]
     assert len(told) == 1 and told[0][0] == 1 and "HTTP 503" in told[0][1]
     assert fake.last_idempotency_key == "step_1"
@@ -200,7 +204,7 @@ async def test_failures_a_retry_cannot_fix_are_never_retried(
 
 async def test_retries_stop_at_the_deadline(server: tuple[FakeToolServer, str]) -> None:
     fake, url = server
-    slow_backoff = ToolExecutors(HttpToolSettings(backoff_s=5.0))
+    slow_backoff = ToolExecutors(HttpToolSettings(backoff_s=5.0, allow=LOCAL))
     try:
         inv = http(f"{url}/status/503", deadline_s=0.5, idempotent=True, max_retries=5)
         got = await failure(slow_backoff, inv)
