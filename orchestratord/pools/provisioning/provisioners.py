@@ -184,8 +184,8 @@ class CommandServer:
                 "replica_id": rid,
                 "python": sys.executable,
             }
-            argv = [arg.format(**values) for arg in shlex.split(self.command.command)]
-            url = self.command.url.format(**values)
+            argv = [arg.format_map(values) for arg in shlex.split(self.command.command)]
+            url = self.command.url.format_map(values)
             health = f"http://{LOOPBACK}:{port}{self.command.health_path}"
             processes.append(_process(request, rid, argv, port, url, health))
             replicas.append({"replica_id": rid, "url": url, "model": model, "slots": request.slots})
