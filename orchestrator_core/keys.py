@@ -1,8 +1,12 @@
 """API keys: scopes, the key's text, and its stored hash.
 
 A key reads ``ok_<key_id>_<secret>``: ``key_id`` (12 hex digits) finds the stored row, the
-secret (43 URL-safe characters, 256 random bits) proves it. Only ``scrypt(secret, salt)`` is
-stored; it is compared in constant time. A key is shown once, when it is created.
+secret (43 URL-safe characters, 256 random bits) proves it. A key is shown once, when it is
+created; what is stored is ``h1$`` + HMAC-SHA-256 keyed with the server's pepper
+(``auth.pepper``) of the salt and the secret, compared in constant time. A slow password hash
+buys nothing for a 256-bit random secret (no dictionary reaches it) and made each wrong
+secret cost ~30 ms of CPU: a flood of them slowed every request. Digests written before
+(scrypt, plain hex) still verify, and are rewritten on their first use.
 """
 
 from __future__ import annotations
@@ -16,9 +20,9 @@ from dataclasses import dataclass
 
 PREFIX = "ok_"
 _KEY = re.compile(r"^ok_([0-9a-f]{12})_([A-Za-z0-9_\-]{43})$")
-# scrypt at N=2^14, r=8: ~30 ms and 16 MiB per verification, paid once per key per cache
-# period, never on each request.
+# the digests keys had before HMAC-SHA-256: scrypt at N=2^14, r=8 (~30 ms, 16 MiB each)
 _N, _R, _P = 2**14, 8, 1
+HMAC_PREFIX = "h1$"
 
 
 class Scope(enum.IntEnum):
@@ -60,17 +64,29 @@ class Principal:
         return self.scope >= required
 
 
-def digest(secret: str, salt: str) -> str:
+def scrypt_digest(secret: str, salt: str) -> str:
+    """The digest keys were stored with before ``h1$`` (read, never written)."""
     return hashlib.scrypt(
         secret.encode(), salt=bytes.fromhex(salt), n=_N, r=_R, p=_P, dklen=32
     ).hex()
 
 
-def new_key() -> NewKey:
+def digest(secret: str, salt: str, pepper: str = "") -> str:
+    """What is stored of a key: ``h1$`` + HMAC-SHA-256(pepper, salt | secret)."""
+    mac = hmac.new(pepper.encode(), bytes.fromhex(salt) + secret.encode(), hashlib.sha256)
+    return HMAC_PREFIX + mac.hexdigest()
+
+
+def is_current(stored: str) -> bool:
+    """Whether a stored digest is of the current scheme (else it is rewritten when used)."""
+    return stored.startswith(HMAC_PREFIX)
+
+
+def new_key(pepper: str = "") -> NewKey:
     key_id = secrets.token_hex(6)
     secret = secrets.token_urlsafe(32)
     salt = secrets.token_hex(16)
-    return NewKey(key_id, f"{PREFIX}{key_id}_{secret}", salt, digest(secret, salt))
+    return NewKey(key_id, f"{PREFIX}{key_id}_{secret}", salt, digest(secret, salt, pepper))
 
 
 def parse(text: str) -> tuple[str, str] | None:
@@ -79,8 +95,21 @@ def parse(text: str) -> tuple[str, str] | None:
     return (match.group(1), match.group(2)) if match else None
 
 
-def verify(secret: str, salt: str, stored: str) -> bool:
-    return hmac.compare_digest(digest(secret, salt), stored)
+def verify(secret: str, salt: str, stored: str, pepper: str = "") -> bool:
+    """Whether ``secret`` is the key's, in constant time for a digest of either scheme."""
+    if is_current(stored):
+        return hmac.compare_digest(digest(secret, salt, pepper), stored)
+    return hmac.compare_digest(scrypt_digest(secret, salt), stored)
+
+
+# the work done for a key id that has no row: the same HMAC as a real one
+_ABSENT_SALT = "00" * 16
+
+
+def verify_absent(secret: str, pepper: str = "") -> bool:
+    """Spend on an unknown key id what a known one costs; always False."""
+    hmac.compare_digest(digest(secret, _ABSENT_SALT, pepper), HMAC_PREFIX + "0" * 64)
+    return False
 
 
 def bearer(header: str | None) -> str | None:

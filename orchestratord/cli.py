@@ -138,7 +138,10 @@ def keys_command(args: argparse.Namespace) -> int:
             if args.action == "create":
                 async with db.write() as session:
                     text = await store.create(
-                        session, scope=Scope.parse(args.scope), name=args.name
+                        session,
+                        scope=Scope.parse(args.scope),
+                        name=args.name,
+                        pepper=settings.auth.pepper,
                     )
                 print(text)
                 print(

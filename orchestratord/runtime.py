@@ -111,6 +111,8 @@ class Orchestrator:
             required=auth.enabled,
             cache_s=auth.cache_s,
             open_paths=frozenset({"/healthz", "/metrics"} if auth.open_metrics else {"/healthz"}),
+            pepper=auth.pepper,
+            max_failures_per_minute=auth.max_failures_per_minute,
         )
         self.rates = KeyRates(
             self.db,

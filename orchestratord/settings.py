@@ -179,6 +179,18 @@ class AuthSettings(BaseModel):
         description="Seconds a verified key (and whether keys exist) is trusted without "
         "reading the database again; a revoked key stops working within this time",
     )
+    pepper: str = Field(
+        default="",
+        description="A secret mixed into every stored key digest (HMAC-SHA-256): a copy of the"
+        " database alone cannot check a guessed key. Every process needs the same; changing it"
+        " invalidates the keys made under the old one",
+    )
+    max_failures_per_minute: int = Field(
+        default=60,
+        ge=0,
+        description="Refused keys one client address may send per minute before it gets 429"
+        " (a key this process verified keeps working); 0: no limit",
+    )
 
 
 class LimitSettings(BaseModel):

@@ -132,10 +132,11 @@ class AuthMiddleware:
             await self.app(scope, receive, send)
             return
         raw = header(scope, b"authorization")
+        text = keys.bearer(None if raw is None else raw.decode("latin-1"))
+        client = scope.get("client")
+        address = str(client[0]) if client else ""
         try:
-            principal = await guard.principal(
-                keys.bearer(None if raw is None else raw.decode("latin-1"))
-            )
+            principal = await guard.principal_from(text, address)
             required = self._required(scope)
             if not principal.allows(required):
                 raise _forbidden(principal, required)

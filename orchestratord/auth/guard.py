@@ -1,9 +1,10 @@
 """Who a request acts for: a key's text checked against its stored digest, with a short cache.
 
 A verified key is trusted for ``auth.cache_s`` seconds (so a revocation takes effect within
-that time in every process); a refused one is remembered as long, so a bad key retried in a
-loop costs one scrypt per period. Verifications run in a thread, two at a time at most, so a
-flood of wrong secrets for a real key id cannot stall the event loop.
+that time in every process); a refused one is remembered as long. A check is one database
+read and one HMAC (``orchestrator_core.keys``), the same work for a key id that has no row
+(its rejection time says nothing of which ids exist). A digest of the scheme before (scrypt)
+is checked in a thread, two at a time at most, and rewritten on its first success.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from orchestrator_core import clock, keys
 from orchestrator_core.errors import Unauthenticated
 from orchestrator_core.keys import Principal, Scope
 from orchestratord.auth import store
+from orchestratord.auth.failures import FailedKeys
 from orchestratord.db.engine import Database
 
 _T = TypeVar("_T")
@@ -39,8 +41,12 @@ class KeyGuard:
         required: bool,
         cache_s: float,
         open_paths: frozenset[str] = frozenset({"/healthz"}),
+        pepper: str = "",
+        max_failures_per_minute: int = 0,
     ) -> None:
         self.db = db
+        self.pepper = pepper
+        self.failures = FailedKeys(max_failures_per_minute)
         self.open_paths = open_paths
         self.required = required  # serve --auth: on even before a key exists
         self.cache_s = cache_s
@@ -79,6 +85,23 @@ class KeyGuard:
         # a caller that goes away does not cancel the others' answer
         return cast(_T, await asyncio.shield(running))
 
+    async def principal_from(self, text: str | None, address: str) -> Principal:
+        """``principal(text)`` for a request from ``address``: an address past its refused
+        keys of the minute is answered 429 unless its key was verified here before."""
+        if text is not None and not self.verified(text):
+            self.failures.check(address)
+        try:
+            return await self.principal(text)
+        except Unauthenticated:
+            if text is not None:
+                self.failures.note(address)
+            raise
+
+    def verified(self, text: str) -> bool:
+        """Whether ``text`` is a key this process verified and still trusts."""
+        entry = self._cache.get(text)
+        return entry is not None and entry.principal is not None and clock.monotonic() < entry.until
+
     def forget(self) -> None:
         """Drop what is cached (after keys change in this process)."""
         self._cache.clear()
@@ -109,8 +132,16 @@ class KeyGuard:
         async with self.db.read() as session:
             row = await store.find(session, key_id=key_id)
             if row is None or row.revoked_at is not None:
+                keys.verify_absent(secret, self.pepper)  # the work a real id costs
                 return None
             salt, digest, name, scope = row.salt, row.digest, row.name, row.scope
-        async with self._verifying:
-            ok = await asyncio.to_thread(keys.verify, secret, salt, digest)
+        if keys.is_current(digest):
+            ok = keys.verify(secret, salt, digest, self.pepper)
+        else:  # a key stored before HMAC: checked once more the old way, then rewritten
+            async with self._verifying:
+                ok = await asyncio.to_thread(keys.verify, secret, salt, digest)
+            if ok:
+                async with self.db.write() as session:
+                    current = keys.digest(secret, salt, self.pepper)
+                    await store.rehash(session, key_id=key_id, digest=current)
         return Principal(key_id, name, Scope.parse(scope)) if ok else None

@@ -29,9 +29,12 @@ def _info(row: ApiKey) -> KeyInfo:
     return KeyInfo(row.key_id, row.name, row.scope, row.created_at, row.revoked_at)
 
 
-async def create(session: AsyncSession, *, scope: keys.Scope, name: str | None) -> str:
-    """Store a new key; returns its text, which is not kept anywhere."""
-    new = keys.new_key()
+async def create(
+    session: AsyncSession, *, scope: keys.Scope, name: str | None, pepper: str = ""
+) -> str:
+    """Store a new key; returns its text, which is not kept anywhere. ``pepper``: the
+    service's ``auth.pepper`` (every process verifying the key must hold the same)."""
+    new = keys.new_key(pepper)
     session.add(
         ApiKey(
             key_id=new.key_id,
@@ -59,6 +62,11 @@ async def revoke(session: AsyncSession, *, key_id: str) -> KeyInfo:
         row.revoked_at = now()
         await session.flush()
     return _info(row)
+
+
+async def rehash(session: AsyncSession, *, key_id: str, digest: str) -> None:
+    """Store a key's digest again, of the current scheme (on the first use of an old one)."""
+    await session.execute(sa.update(ApiKey).where(ApiKey.key_id == key_id).values(digest=digest))
 
 
 async def find(session: AsyncSession, *, key_id: str) -> ApiKey | None:

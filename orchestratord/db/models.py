@@ -225,14 +225,14 @@ class Checkpoint(Base):
 
 
 class ApiKey(Base):
-    """An API key: only the scrypt digest of its secret is kept."""
+    """An API key: only a digest of its secret is kept (``orchestrator_core.keys``)."""
 
     __tablename__ = "api_keys"
     key_id: Mapped[str] = mapped_column(sa.String(12), primary_key=True)
     name: Mapped[str | None] = mapped_column(sa.String(200))
     scope: Mapped[str] = mapped_column(sa.String(8))
     salt: Mapped[str] = mapped_column(sa.String(32))
-    digest: Mapped[str] = mapped_column(sa.String(64))
+    digest: Mapped[str] = mapped_column(sa.String(80))
     created_at: Mapped[datetime] = mapped_column(Ts)
     revoked_at: Mapped[datetime | None] = mapped_column(Ts, nullable=True)
 

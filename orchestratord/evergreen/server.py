@@ -52,12 +52,14 @@ def _bad(message: str, field: str) -> Refused:
     return Refused(grpc.StatusCode.INVALID_ARGUMENT, message, body)
 
 
-async def _principal(orch: Orchestrator, metadata: dict[str, str]) -> Principal | None:
+async def _principal(
+    orch: Orchestrator, metadata: dict[str, str], address: str
+) -> Principal | None:
     guard = orch.auth
     if not await guard.enabled():
         return None
     try:
-        principal = await guard.principal(keys.bearer(metadata.get("authorization")))
+        principal = await guard.principal_from(keys.bearer(metadata.get("authorization")), address)
         if not principal.allows(keys.Scope.WRITE):
             raise _forbidden(principal)
         orch.rates.request(principal.key_id)
@@ -65,6 +67,13 @@ async def _principal(orch: Orchestrator, metadata: dict[str, str]) -> Principal 
         orch.metrics.refusals.labels(exc.code).inc()
         raise _refused(exc) from None
     return principal
+
+
+def _address(peer: str) -> str:
+    """The client's address of a gRPC peer (``ipv4:1.2.3.4:5678``, ``ipv6:[::1]:5678``)."""
+    kind, _, rest = peer.partition(":")
+    host = rest.rsplit(":", 1)[0] if kind in ("ipv4", "ipv6") else rest
+    return host.strip("[]")
 
 
 def _forbidden(principal: Principal) -> OrchestratorError:
@@ -86,7 +95,7 @@ class EvergreenService:
     async def _open(self, context: grpc.aio.ServicerContext) -> Session:
         orch = self.orch
         metadata = {k: v for k, v in context.invocation_metadata() or () if isinstance(v, str)}
-        principal = await _principal(orch, metadata)
+        principal = await _principal(orch, metadata, _address(context.peer() or ""))
         flow_id = metadata.get("x-flow-id")
         if not flow_id:
             raise _bad("metadata x-flow-id: the flow of the session's run is required", "x-flow-id")
