@@ -23,6 +23,8 @@ from orchestratord.db.engine import Database
 
 _T = TypeVar("_T")
 _MAX_CACHED = 10_000
+# how long a key verified once is let past the per-address limit of refused keys
+GOOD_FOR_S = 600.0
 _ANY = "no valid API key: send Authorization: Bearer <key>"
 _MALFORMED = "API key not valid (unknown, revoked or malformed)"
 
@@ -51,6 +53,7 @@ class KeyGuard:
         self.required = required  # serve --auth: on even before a key exists
         self.cache_s = cache_s
         self._cache: dict[str, _Entry] = {}
+        self._good: dict[str, float] = {}  # keys verified lately: text -> until
         self._on: bool = required
         self._on_until = float("-inf")
         self._verifying = asyncio.Semaphore(2)
@@ -98,13 +101,15 @@ class KeyGuard:
             raise
 
     def verified(self, text: str) -> bool:
-        """Whether ``text`` is a key this process verified and still trusts."""
-        entry = self._cache.get(text)
-        return entry is not None and entry.principal is not None and clock.monotonic() < entry.until
+        """Whether ``text`` is a key this process verified in the last ``GOOD_FOR_S``: one
+        the per-address limit lets through (it is still checked, revocation included)."""
+        until = self._good.get(text)
+        return until is not None and clock.monotonic() < until
 
     def forget(self) -> None:
         """Drop what is cached (after keys change in this process)."""
         self._cache.clear()
+        self._good.clear()
         self._on_until = float("-inf")
 
     async def principal(self, text: str | None) -> Principal:
@@ -120,6 +125,10 @@ class KeyGuard:
             if len(self._cache) >= _MAX_CACHED:
                 self._cache.clear()
             self._cache[text] = entry
+            if entry.principal is not None:
+                if len(self._good) >= _MAX_CACHED:
+                    self._good.clear()
+                self._good[text] = t + max(GOOD_FOR_S, self.cache_s)
         if entry.principal is None:
             raise Unauthenticated(_MALFORMED)
         return entry.principal
