@@ -205,3 +205,20 @@ async def test_an_engine_that_fails_to_start_leaves_no_pool(db_url: str) -> None
         assert "exited with status 3" in error["message"]
         assert "no GPU here" in error["details"]["tail"]
         assert [p["pool_id"] for p in (await client.get("/v1/pools")).json()] == ["local"]
+
+
+async def test_a_pool_deleted_through_another_process_stops_its_engines_here(
+    db_url: str,
+) -> None:
+    from orchestratord.pools import store
+
+    orch = _orch(db_url)
+    async with started_client(orch) as client:
+        r = await client.post("/v1/pools/provision", json={"pool_id": "p1", "provisioner": "fake"})
+        assert r.status_code == 201, r.text
+        (pid,) = _pids(r.json())
+        async with orch.db.write() as session:  # what DELETE through another process leaves
+            assert await store.remove(session, "p1")
+        await orch.catalog.sync()  # this process's next refresh
+        await until(lambda: not _alive(pid))
+        assert [p["pool_id"] for p in (await client.get("/v1/pools")).json()] == ["local"]

@@ -39,6 +39,7 @@ class Provisioning:
         self.owned: dict[str, list[EngineProcess]] = {}  # pool id -> its child processes
         self._starting = 0  # engines being started here now
         self._locks: dict[str, asyncio.Lock] = {}
+        self._stopping: set[asyncio.Task[None]] = set()  # engines of pools removed elsewhere
         catalog.on_change.append(self._saw_changes)
 
     def _provisioner(self, name: str) -> Provisioner:
@@ -128,7 +129,9 @@ class Provisioning:
         engines."""
         for pool in changes.removed:
             if pool.pool_id in self.owned and pool.pool_id not in self.catalog.records:
-                asyncio.get_running_loop().create_task(self._stop(pool.pool_id))
+                task = asyncio.get_running_loop().create_task(self._stop(pool.pool_id))
+                self._stopping.add(task)
+                task.add_done_callback(self._stopping.discard)
 
     async def _stop(self, pool_id: str) -> None:
         await _stop_all(self.owned.pop(pool_id, []))
@@ -160,10 +163,8 @@ class Provisioning:
                 if await store.in_use(session, pool_id):
                     continue
                 last = await store.last_active(session, pool_id)
-            since = max(
-                last or self.catalog.records[pool_id].created_at,
-                self.catalog.records[pool_id].created_at,
-            )
+            created = self.catalog.records[pool_id].created_at
+            since = created if last is None else max(last, created)
             if (now - since).total_seconds() < ttl:
                 continue
             if await self._remove_quietly(pool_id, f"idle for {ttl:g} s"):
@@ -182,6 +183,7 @@ class Provisioning:
 
     async def aclose(self) -> None:
         """At shutdown: this process's provisioned pools go, their engines stop."""
+        await asyncio.gather(*self._stopping, return_exceptions=True)
         for pool_id in list(self.owned):
             try:
                 await self._remove_quietly(pool_id, "its provisioning process stops")
