@@ -86,8 +86,10 @@ class SimTokenEngine:
     name = "sim"
     kv_bytes_per_token = 64
 
-    def __init__(self, *, context_size: int = 8192) -> None:
-        self._sim = SimAdapter(tokens_per_s=0, eos_probability=0.0)
+    def __init__(self, *, context_size: int = 8192, tokens_per_s: float = 0.0) -> None:
+        # tokens_per_s: the sim's pace (0: as fast as it can; a slower one for tests that
+        # must act while a generation streams)
+        self._sim = SimAdapter(tokens_per_s=tokens_per_s, eos_probability=0.0)
         tokenizer = SimTokenizer()
         self.vocab_size = tokenizer.vocab_size
         self.eos_token_ids = tokenizer.eos_token_ids
@@ -392,7 +394,9 @@ class KakeyaService:
         try:
             async for event in self._generate(session, request, context):
                 yield event
-        except asyncio.CancelledError:
+        except (asyncio.CancelledError, GeneratorExit):
+            # a call the client cancels ends the handler's generator either way: cancelled
+            # at an await, or closed at its yield
             self.store.cancelled += 1
             raise
         finally:

@@ -138,7 +138,9 @@ class SalienceService:
         try:
             async for event in self._generate(session.tokens, request, context):
                 yield event
-        except asyncio.CancelledError:
+        except (asyncio.CancelledError, GeneratorExit):
+            # a call the client cancels ends the handler's generator either way: cancelled
+            # at an await, or closed at its yield
             self.store.cancelled += 1
             raise
         finally:
