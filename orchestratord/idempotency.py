@@ -69,22 +69,6 @@ async def first_of(session: AsyncSession, model: type[Row], scope: Any, token: T
     return found
 
 
-async def once(
-    write: Callable[[], Awaitable[Out]],
-    read_first: Callable[[], Awaitable[Out | None]],
-) -> tuple[Out, bool]:
-    """``write()`` (which looks for the first record itself, in its transaction), or, when a
-    concurrent repeat wrote first (its insert met the index), the record it wrote. Returns
-    the record and whether this request wrote it."""
-    try:
-        return await write(), True
-    except IntegrityError:
-        first = await read_first()
-        if first is None:  # another constraint: not a repeat
-            raise
-        return first, False
-
-
 async def answer_once(
     db: Database,
     tx: Callable[[], Any],
@@ -97,20 +81,15 @@ async def answer_once(
     if token is None:
         async with tx() as t:
             return await make(t), True
-    made = True
-
-    async def write() -> Out:
-        nonlocal made
+    try:
         async with tx() as t:
             first = await find(t.session, token)
             if first is not None:
-                made = False
-                return first
-            return await make(t)
-
-    async def read_first() -> Out | None:
+                return first, False
+            return await make(t), True
+    except IntegrityError:  # a concurrent repeat wrote first: this insert met the index
         async with db.read() as session:
-            return await find(session, token)
-
-    record, wrote = await once(write, read_first)
-    return record, wrote and made
+            first = await find(session, token)
+        if first is None:  # another constraint: not a repeat
+            raise
+        return first, False

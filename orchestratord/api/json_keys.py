@@ -19,7 +19,6 @@ from orchestrator_core.errors import InvalidParams
 # a JSON string followed by a colon: an object's key (or a string value ending in ':' inside
 # another string's escape: a false alarm only costs the precise check)
 _KEY = re.compile(rb'"((?:[^"\\]|\\.)*)"\s*:')
-_JSON_TYPES = (b"application/json",)
 
 
 class DuplicateKey(InvalidParams):
@@ -66,6 +65,6 @@ async def refuse_duplicate_keys(request: Request) -> None:
     if request.method in ("GET", "HEAD", "DELETE", "OPTIONS"):
         return
     content_type = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
-    if content_type and content_type not in ("application/json",):
+    if content_type and content_type != "application/json":
         return
     refuse(await request.body())

@@ -73,6 +73,8 @@ class ActionKind(abc.ABC):
     outputs: tuple[str, ...] = ()
     step_type = ""
     streamed = False
+    # what ``target_spec.id`` may name beside a pool: a model (engine steps) or nothing
+    target_names_model = True
 
     @abc.abstractmethod
     def plan(
@@ -168,6 +170,7 @@ class ToolAction(ActionKind):
     inputs = ("args",)
     outputs = ("result",)
     step_type = "tool_call"
+    target_names_model = False
 
     def plan(
         self, call: ActionCall, param: Param, leaves: list[Leaf], ctx: PlanContext
@@ -253,12 +256,12 @@ def plan(
     if call.target:
         if call.target in pools:
             placement = {"pin": call.target}
-        elif kind.step_type == "tool_call":
+        elif kind.target_names_model:
+            step_input["model"] = call.target
+        else:
             raise SessionAbort(
                 "NOT_FOUND", f"target_spec.id {call.target!r} is not a pool of this server"
             )
-        else:
-            step_input["model"] = call.target
     return Planned(
         step_type=kind.step_type,
         step_input=step_input,

@@ -146,12 +146,10 @@ class EvergreenService:
             worker.cancel()
             # a client that cancels cancels this call: the run ends cancelled, after it
             self._end(session, cancelled=not ended)
+        await self._wait_ended()  # the run's end is written before the call's
         failure = session.failure
         if failure is not None:
-            await self._wait_ended()
             await _abort(context, named_status(failure.code), failure.message, failure.body)
-        else:
-            await self._wait_ended()
 
     def _end(self, session: Session, *, cancelled: bool) -> None:
         task = asyncio.get_running_loop().create_task(session.end_run(cancelled=cancelled))

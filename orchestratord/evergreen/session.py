@@ -33,6 +33,7 @@ from orchestrator_core.keys import Principal
 from orchestratord.evergreen import actions as acts
 from orchestratord.evergreen.nodes import ChunkPart, Fragment, Limits, NodeStore, SessionAbort
 from orchestratord.evergreen.refs import resolved
+from orchestratord.evergreen.status import status_for
 from orchestratord.runs import service as runs
 from orchestratord.runtime import Orchestrator
 from orchestratord.steps.queries import get_step
@@ -109,8 +110,6 @@ class Session:
             self.out.put_nowait(DONE)
 
     def _failed_by(self, exc: BaseException) -> None:
-        from orchestratord.evergreen.status import status_for
-
         if isinstance(exc, SessionAbort):
             self.fail(exc.code, exc.message)
         elif isinstance(exc, OrchestratorError):

@@ -210,11 +210,10 @@ class HttpToolExecutor:
             raise httpx.ConnectError(f"{host!r} is not reachable", request=request)
         if not addresses:
             raise httpx.ConnectError(f"cannot resolve {host!r}", request=request)
-        ip = addresses[0]
-        literal = f"[{ip}]" if ip.version == 6 else str(ip)
-        if literal != host:
-            request.headers["host"] = request.headers.get("host") or url.netloc.decode("ascii")
-            request.url = url.copy_with(host=literal)
+        ip = str(addresses[0])  # httpx writes an IPv6 host in brackets itself
+        if ip != host:
+            # its Host header stays the tool's host: the request was built from its URL
+            request.url = url.copy_with(host=ip)
             if url.scheme == "https":
                 request.extensions = {**request.extensions, "sni_hostname": host}
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import shlex
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -135,30 +136,17 @@ class LlamaCppServer:
         options = _options(LlamaServerOptions, request.options)
         path = _gguf(request, settings)
         alias = path.stem
-        processes, replicas = [], []
-        for rid in _replica_ids(request):
-            port = free_port(LOOPBACK)
-            argv = [
-                sys.executable,
-                "-m",
-                "worker_adapters.llama_server",
-                "--model",
-                str(path),
-                "--model_alias",
-                alias,
-                "--host",
-                LOOPBACK,
-                "--port",
-                str(port),
-                "--n_ctx",
-                str(options.n_ctx),
-            ]
+
+        def launch(rid: str, port: int) -> tuple[list[str], str, str]:
+            argv = [sys.executable, "-m", "worker_adapters.llama_server", "--model", str(path)]
+            argv += ["--model_alias", alias, "--host", LOOPBACK, "--port", str(port)]
+            argv += ["--n_ctx", str(options.n_ctx)]
             if options.n_threads is not None:
                 argv += ["--n_threads", str(options.n_threads)]
             url = f"http://{LOOPBACK}:{port}/v1"
-            processes.append(_process(request, rid, argv, port, url, f"{url}/models"))
-            replicas.append({"replica_id": rid, "url": url, "model": alias, "slots": request.slots})
-        return Started(pool_spec(request, engine="openai", replicas=replicas), processes)
+            return argv, url, f"{url}/models"
+
+        return _servers(request, engine="openai", model=alias, launch=launch)
 
 
 class CommandServer:
@@ -174,9 +162,9 @@ class CommandServer:
         if request.options:
             raise InvalidParams(f"the {self.name!r} provisioner takes no options", field="options")
         model = request.model or self.command.model
-        processes, replicas = [], []
-        for rid in _replica_ids(request):
-            port = free_port(LOOPBACK)
+        command = self.command
+
+        def launch(rid: str, port: int) -> tuple[list[str], str, str]:
             values = {
                 "port": port,
                 "host": LOOPBACK,
@@ -184,12 +172,29 @@ class CommandServer:
                 "replica_id": rid,
                 "python": sys.executable,
             }
-            argv = [arg.format_map(values) for arg in shlex.split(self.command.command)]
-            url = self.command.url.format_map(values)
-            health = f"http://{LOOPBACK}:{port}{self.command.health_path}"
-            processes.append(_process(request, rid, argv, port, url, health))
-            replicas.append({"replica_id": rid, "url": url, "model": model, "slots": request.slots})
-        return Started(pool_spec(request, engine=self.command.engine, replicas=replicas), processes)
+            argv = [arg.format_map(values) for arg in shlex.split(command.command)]
+            health = f"http://{LOOPBACK}:{port}{command.health_path}"
+            return argv, command.url.format_map(values), health
+
+        return _servers(request, engine=command.engine, model=model, launch=launch)
+
+
+def _servers(
+    request: ProvisionRequest,
+    *,
+    engine: str,
+    model: str | None,
+    launch: Callable[[str, int], tuple[list[str], str, str]],
+) -> Started:
+    """One child process per replica on a free loopback port: ``launch(replica_id, port)``
+    says its command, the url the replica dials and its health url."""
+    processes, replicas = [], []
+    for rid in _replica_ids(request):
+        port = free_port(LOOPBACK)
+        argv, url, health = launch(rid, port)
+        processes.append(_process(request, rid, argv, port, url, health))
+        replicas.append({"replica_id": rid, "url": url, "model": model, "slots": request.slots})
+    return Started(pool_spec(request, engine=engine, replicas=replicas), processes)
 
 
 def _process(
