@@ -108,6 +108,7 @@ class RunComplete(Strict):
 
 class RunFork(Strict):
     checkpoint_id: Text = Field(min_length=1, description="a checkpoint of the run to fork")
+    client_token: RetryToken = None
 
 
 class CancelOut(Out):

@@ -1,4 +1,6 @@
-"""The client side: a small synchronous client of the v1 API and the ``orchctl`` CLI.
+"""The Python SDK of orchestratord: :class:`AsyncClient` and :class:`Client` (every route,
+typed with the contract's models, streams that resume, retries), the step builders in
+:mod:`orchestrator_client.steps`, and the ``orchctl`` CLI.
 
 It imports only ``contracts`` and httpx, so it installs and runs without the server."""
 
@@ -10,3 +12,33 @@ try:
     __version__ = version("orchestratord")
 except PackageNotFoundError:  # run from a source tree that was never installed
     __version__ = "0+unknown"
+
+from orchestrator_client.calls import new_token  # noqa: E402
+from orchestrator_client.client import AsyncClient, Client  # noqa: E402
+from orchestrator_client.errors import (  # noqa: E402
+    ApiError,
+    ClientError,
+    Conflict,
+    InvalidParams,
+    NotFound,
+    StepFailed,
+    Unavailable,
+    Unreachable,
+)
+from orchestrator_client.transport import Retry  # noqa: E402
+
+__all__ = [
+    "ApiError",
+    "AsyncClient",
+    "Client",
+    "ClientError",
+    "Conflict",
+    "InvalidParams",
+    "NotFound",
+    "Retry",
+    "StepFailed",
+    "Unavailable",
+    "Unreachable",
+    "__version__",
+    "new_token",
+]

@@ -21,6 +21,7 @@ from orchestrator_core.lifecycle import RunStatus
 from orchestratord.db.models import Checkpoint, Fact, Run
 from orchestratord.eventlog import log_event
 from orchestratord.facts.rows import fact_row
+from orchestratord.idempotency import Token
 from orchestratord.runs.service import NEW_RUN_ACCOUNT, get_run
 from orchestratord.tx import Tx
 
@@ -65,6 +66,9 @@ async def fork_run(tx: Tx, *, run_id: str, body: RunFork) -> Run:
         created_at=now,
         updated_at=now,
     )
+    token = Token.of(body)
+    if token is not None:
+        token.stamp(fork)
     session.add(fork)
     await session.flush()
     copies = [

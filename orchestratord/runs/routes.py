@@ -94,11 +94,24 @@ async def complete_run(
 
 
 @router.post("/v1/runs/{run_id}/fork", dependencies=[WRITE], status_code=201, response_model=RunOut)
-async def fork(run_id: str, body: RunFork, orch: Orchestrator = Depends(orchestrator)) -> RunOut:
-    """A new record run from a checkpoint: the facts up to it and the checkpoint itself."""
-    async with orch.tx() as tx:
-        run = await fork_run(tx, run_id=run_id, body=body)
-        return RunOut.model_validate(repo.run_view(run))
+async def fork(
+    run_id: str, body: RunFork, response: Response, orch: Orchestrator = Depends(orchestrator)
+) -> RunOut:
+    """A new record run from a checkpoint: the facts up to it and the checkpoint itself. A
+    ``client_token`` makes a repeat answer the first fork (200); it is unique in the flow, as
+    for a created run."""
+
+    async def find(session: AsyncSession, token: Token) -> Run | None:
+        parent = await repo.get_run(session, run_id=run_id)
+        return await first_of(session, Run, Run.flow_id == parent.flow_id, token)
+
+    async def make(tx: Tx) -> Run:
+        return await fork_run(tx, run_id=run_id, body=body)
+
+    run, made = await answer_once(orch.db, orch.tx, Token.of(body), find, make)
+    if not made:
+        response.status_code = 200
+    return RunOut.model_validate(repo.run_view(run))
 
 
 @router.post(

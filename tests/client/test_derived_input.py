@@ -8,7 +8,7 @@ from typing import Any
 
 import httpx
 
-from orchestrator_client.client import contract_derived_input, derived_input, replay_step_body
+from orchestrator_client.replay import contract_derived_input, derived_input, replay_step_body
 from tests.helpers import make_flow, make_run, read_stream
 
 ECHO = {

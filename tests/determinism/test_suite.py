@@ -17,7 +17,8 @@ from typing import Any
 
 import pytest
 
-from orchestrator_client.client import Client, follow_to_end, replay_run
+from orchestrator_client import Client
+from orchestrator_client.replay import follow_to_end, replay_run
 from tests.pg import create_database, drop_database, require_postgres
 from tests.procs import orchestratord
 
@@ -44,11 +45,10 @@ def pg_database() -> Iterator[str]:
 
 
 def _record(client: Client, engine: str) -> list[str]:
-    flow_id = client.create_flow({"ast": {"suite": "determinism", "engine": engine}})["flow_id"]
+    flow_id = client.create_flow({"ast": {"suite": "determinism", "engine": engine}}).flow_id
     runs = []
     for n, entry in enumerate(CORPUS):
-        run = client.create_run(str(flow_id), {"seed": entry["seed"]})
-        run_id = str(run["run_id"])
+        run_id = client.create_run(flow_id, {"seed": entry["seed"]}).run_id
         for i, step_input in enumerate(entry["steps"]):
             params = {**step_input["params"], "max_tokens": MAX_TOKENS[engine]}
             accepted = client.submit_step(
@@ -59,7 +59,7 @@ def _record(client: Client, engine: str) -> list[str]:
                     "input": {**step_input, "params": params},
                 },
             )
-            tokens, stop_reason, error = follow_to_end(client, str(accepted["step_id"]))
+            tokens, stop_reason, error = follow_to_end(client, accepted.step_id)
             assert error is None, (entry, error)
             assert stop_reason in ("eos", "length", "stop") and tokens >= 0
         runs.append(run_id)
@@ -69,13 +69,13 @@ def _record(client: Client, engine: str) -> list[str]:
 def _strict_replay_all(client: Client, runs: list[str]) -> None:
     for run_id in runs:
         _, report = replay_run(client, run_id, strict=True)
-        bad = [s for s in report["steps"] if s["outcome"] != "identical"]
-        assert report["diverged"] is False and report["complete"] is True, (run_id, bad)
-        assert report["counts"]["identical"] == len(report["steps"]) > 0
+        bad = [s for s in report.steps if s.outcome != "identical"]
+        assert report.diverged is False and report.complete is True, (run_id, bad)
+        assert report.counts.identical == len(report.steps) > 0
     # identical, and re-executed on the recorded replica
     for run_id in runs[:4]:
         for step in client.list_steps(run_id):
-            assert step["provenance"]["replica_id"] == "r0"
+            assert (step.provenance or {})["replica_id"] == "r0"
 
 
 @contextlib.contextmanager
@@ -107,4 +107,4 @@ def test_record_then_strict_replay_across_processes_and_databases(
         _strict_replay_all(client, runs)
         # replay needs no engine: served from the imported record
         _, report = replay_run(client, runs[0])
-        assert report["diverged"] is False and report["complete"] is True
+        assert report.diverged is False and report.complete is True

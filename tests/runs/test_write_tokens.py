@@ -85,3 +85,27 @@ async def test_a_retried_run_is_created_once(db_url: str) -> None:
         other = await make_flow(client, {"tokens": 2})
         r = await client.post(f"/v1/flows/{other}/runs", json=body)
         assert r.status_code == 201 and r.json()["run_id"] != run_id
+
+
+async def test_a_retried_fork_is_made_once(db_url: str) -> None:
+    async with started_client(Orchestrator(make_settings(db_url))) as client:
+        flow_id = await make_flow(client, {"tokens": 3})
+        parent = await make_run(client, flow_id)
+        checkpoint = await client.post(f"/v1/runs/{parent}/checkpoint", json={"state": {"n": 1}})
+        checkpoint_id = checkpoint.json()["checkpoint_id"]
+
+        async def post(body: dict[str, Any]) -> httpx.Response:
+            return await client.post(f"/v1/runs/{parent}/fork", json=body)
+
+        body = {"checkpoint_id": checkpoint_id, "client_token": "fork-1"}
+        fork_id = await _twenty_at_once(post, body, "run_id")
+        other = await client.post(f"/v1/runs/{parent}/checkpoint", json={"state": {"n": 2}})
+        await _refused_with_another_body(
+            post, {**body, "checkpoint_id": other.json()["checkpoint_id"]}
+        )
+        runs = (await client.get("/v1/runs", params={"flow_id": flow_id})).json()
+        assert sorted(r["run_id"] for r in runs) == sorted([parent, fork_id])
+        assert (await client.get(f"/v1/runs/{fork_id}")).json()["forked_from"] == {
+            "run_id": parent,
+            "checkpoint_id": checkpoint_id,
+        }
