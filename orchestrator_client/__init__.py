@@ -13,9 +13,9 @@ try:
 except PackageNotFoundError:  # run from a source tree that was never installed
     __version__ = "0+unknown"
 
-from orchestrator_client.calls import new_token  # noqa: E402
-from orchestrator_client.client import AsyncClient, Client  # noqa: E402
-from orchestrator_client.errors import (  # noqa: E402
+from orchestrator_client.calls import new_token
+from orchestrator_client.client import AsyncClient, Client
+from orchestrator_client.errors import (
     ApiError,
     ClientError,
     Conflict,
@@ -25,7 +25,7 @@ from orchestrator_client.errors import (  # noqa: E402
     Unavailable,
     Unreachable,
 )
-from orchestrator_client.transport import Retry  # noqa: E402
+from orchestrator_client.transport import Retry
 
 __all__ = [
     "ApiError",

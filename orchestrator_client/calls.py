@@ -96,9 +96,7 @@ class Operation(Generic[P, T]):
     def __get__(self, client: SyncTransport, owner: type[Any]) -> Callable[P, T]: ...
 
     @overload
-    def __get__(
-        self, client: AsyncTransport, owner: type[Any]
-    ) -> Callable[P, Awaitable[T]]: ...
+    def __get__(self, client: AsyncTransport, owner: type[Any]) -> Callable[P, Awaitable[T]]: ...
 
     def __get__(self, client: Any, owner: type[Any]) -> Any:
         if client is None:

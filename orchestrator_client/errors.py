@@ -62,10 +62,19 @@ class ApiError(ClientError):
         return value if isinstance(value, str) else None
 
     @property
+    def fields(self) -> list[str]:
+        """The request fields the error names (``details.field``, ``details.errors[].field``),
+        e.g. ``["input.params.max_tokens"]``."""
+        named = [self.details.get("field")]
+        errors = self.details.get("errors")
+        if isinstance(errors, list):
+            named += [e.get("field") for e in errors if isinstance(e, dict)]
+        return [f for f in named if isinstance(f, str)]
+
+    @property
     def field(self) -> str | None:
-        """The request field the error names, when it names one."""
-        value = self.details.get("field")
-        return value if isinstance(value, str) else None
+        """The first field the error names, when it names one."""
+        return next(iter(self.fields), None)
 
     @classmethod
     def from_response(cls, response: httpx.Response) -> ApiError:

@@ -144,9 +144,7 @@ def replay_run(
             result = StepReplay(step.position, step.step_id, None, 0, error=exc.body)
         else:
             tokens, ended, error = follow_to_end(client, accepted.step_id)
-            result = StepReplay(
-                step.position, step.step_id, accepted.step_id, tokens, ended, error
-            )
+            result = StepReplay(step.position, step.step_id, accepted.step_id, tokens, ended, error)
         if on_step is not None:
             on_step(result)
     return replay.run_id, client.replay_report(replay.run_id)

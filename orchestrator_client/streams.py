@@ -226,4 +226,3 @@ def follow(last_event_id: str | int | None, give_up_s: float | None, **path: str
         last_event_id=None if last_event_id is None else str(last_event_id),
         give_up_s=-1.0 if give_up_s is None else give_up_s,
     )
-

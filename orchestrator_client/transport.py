@@ -44,7 +44,7 @@ class Retry:
         if asked is not None:
             return min(asked, self.max_wait_s)
         backoff = self.backoff_s * 2.0**attempt
-        return min(backoff * (0.5 + random.random()), self.max_wait_s)  # noqa: S311
+        return min(backoff * (0.5 + random.random()), self.max_wait_s)
 
 
 def describe(exc: httpx.HTTPError) -> str:
@@ -124,17 +124,20 @@ class SyncTransport(_Settings):
         attempt = 0
         while True:
             try:
-                try:
-                    response = self.http.request(**_request(call))
-                except httpx.TransportError as exc:
-                    raise Unreachable(f"{call.method} {self.base_url}{call.url}: {describe(exc)}")
-                return _answer(call, response)
+                return self._once(call)
             except ClientError as error:
                 wait = self.retry.wait(attempt, error)
                 if wait is None:
                     raise
             time.sleep(wait)
             attempt += 1
+
+    def _once(self, call: Call[T]) -> T:
+        try:
+            response = self.http.request(**_request(call))
+        except httpx.TransportError as exc:
+            raise Unreachable(f"{call.method} {self.base_url}{call.url}: {describe(exc)}") from exc
+        return _answer(call, response)
 
     def close(self) -> None:
         self.http.close()
@@ -162,17 +165,20 @@ class AsyncTransport(_Settings):
         attempt = 0
         while True:
             try:
-                try:
-                    response = await self.http.request(**_request(call))
-                except httpx.TransportError as exc:
-                    raise Unreachable(f"{call.method} {self.base_url}{call.url}: {describe(exc)}")
-                return _answer(call, response)
+                return await self._once(call)
             except ClientError as error:
                 wait = self.retry.wait(attempt, error)
                 if wait is None:
                     raise
             await asyncio.sleep(wait)
             attempt += 1
+
+    async def _once(self, call: Call[T]) -> T:
+        try:
+            response = await self.http.request(**_request(call))
+        except httpx.TransportError as exc:
+            raise Unreachable(f"{call.method} {self.base_url}{call.url}: {describe(exc)}") from exc
+        return _answer(call, response)
 
     async def aclose(self) -> None:
         await self.http.aclose()
