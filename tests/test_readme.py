@@ -43,3 +43,21 @@ def test_the_tour_and_the_replay_examples_run(tmp_path: Path) -> None:
     assert '"code"' not in out.split("event: run_end")[0]  # no error body in the tour
     # with -e, orchctl's exit status 0 (every step identical) is part of the returncode above
     assert (tmp_path / "run.json").exists()  # the export
+
+
+def test_the_sdk_example_runs(tmp_path: Path) -> None:
+    text = (ROOT / "README.md").read_text()
+    start = text.index("## The Python SDK")
+    found = re.search(r"```python\n(.*?)```", text[start:], re.DOTALL)
+    assert found is not None, "no python block in the SDK section"
+    assert len(found.group(1).strip().splitlines()) <= 14
+    with orchestratord(tmp_path, "--engine", "sim") as url:
+        program = found.group(1).replace("http://127.0.0.1:8080", url)
+        done = subprocess.run(
+            [str(ROOT / ".venv/bin/python"), "-c", program],
+            cwd=tmp_path,
+            capture_output=True,
+            timeout=60,
+        )
+    assert done.returncode == 0, done.stderr.decode()[-3000:]
+    assert re.match(r"succeeded \d+ \{'text': ", done.stdout.decode()), done.stdout
