@@ -171,6 +171,9 @@ class LlamaAdapter(WorkerAdapter):
         self._slot = asyncio.Lock()
         self._cancels: dict[str, threading.Event] = {}
         self.busy = False
+        self.cut_short = 0
+        """Generations whose decoding stopped before their end (cancelled, or the reader
+        gone); counted by the decode thread, one generation at a time."""
 
     async def start(self) -> None:
         if self._llm is None and self._load_error is None:
@@ -323,6 +326,7 @@ class LlamaAdapter(WorkerAdapter):
             grammar=grammar,
         ):
             if cancel.is_set():
+                self.cut_short += 1
                 return
             if llama_cpp.llama_vocab_is_eog(vocab, tok):
                 reason = "eos"

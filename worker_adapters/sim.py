@@ -110,6 +110,8 @@ class SimAdapter(WorkerAdapter):
         self.unknown_tool_probability = float(unknown_tool_probability)
         self._cancelled: set[str] = set()
         self._active: set[str] = set()
+        self.cut_short = 0
+        """Generations that stopped before their end: cancelled, or their reader gone."""
         identity: dict[str, object] = {
             "engine": "sim",
             "version": SIM_VERSION,
@@ -152,17 +154,20 @@ class SimAdapter(WorkerAdapter):
     async def stream(self, request: GenerationRequest) -> AsyncIterator[AdapterEvent]:
         rid = request.request_id
         self._active.add(rid)
+        finished = False
         try:
             drawn = self._json_tokens if request.json_schema is not None else self._vocab_tokens
             source = drawn(request)
             try:
                 async for event in _through_stops(request, source):
+                    finished = isinstance(event, Finish)
                     yield event
             finally:
                 await source.aclose()
         finally:
             self._active.discard(rid)
             self._cancelled.discard(rid)
+            self.cut_short += not finished
 
     async def _vocab_tokens(self, request: GenerationRequest) -> AsyncGenerator[Token | str, None]:
         """Tokens drawn from the vocabulary, paced at ``tokens_per_s``, then why they ended."""

@@ -1,6 +1,7 @@
 """A cancel always reaches the engine: for each engine protocol, fifty steps cancelled over
 HTTP at varying points of their streams each end ``cancelled``, and the engine's own fake or
-reference runtime counts fifty generations cut short (none streams on to its end)."""
+reference runtime counts fifty generations cut short (none streams on to its end). The
+in-process engines (sim, and llama on the real local model) count their own."""
 
 from __future__ import annotations
 
@@ -8,12 +9,14 @@ import asyncio
 import contextlib
 import random
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from orchestratord.runtime import Orchestrator
+from orchestratord.settings import Settings
 from test_harness.evergreen_runtime import serve_evergreen
 from test_harness.fake_openai import FakeState, Faults, create_fake_openai
 from test_harness.kakeya_runtime import SimTokenEngine, serve_kakeya
@@ -30,14 +33,28 @@ BOUND_S = 30  # a bound on waiting for the engine's count, never an assertion on
 
 @dataclass
 class Engine:
-    replica: str  # the pools file's replica line, minus its id
+    replica: str | None  # the pools file's replica line, minus its id; None: in process
     cancelled: Callable[[], int]  # generations the engine saw cut short
     busy: Callable[[], bool]  # a generation streams now
+    local: list[Any] = field(default_factory=list)  # the in-process engine, once started
+
+
+def in_process() -> Engine:
+    """The engine of ``settings.engine`` (pool ``local``), found once the server started."""
+    local: list[Any] = []
+    return Engine(
+        None,
+        lambda: int(local[0].cut_short),
+        lambda: bool(local[0].busy if hasattr(local[0], "busy") else local[0].active_requests),
+        local,
+    )
 
 
 @contextlib.asynccontextmanager
 async def engine(name: str, tmp_path: Path) -> AsyncIterator[Engine]:
-    if name == "openai":
+    if name in ("sim", "llama"):
+        yield in_process()
+    elif name == "openai":
         state = FakeState(faults=Faults(token_delay_s=0.002))
         async with serve_app(create_fake_openai(state)) as url:
             yield Engine(
@@ -87,23 +104,41 @@ async def until_busy(eng: Engine, busy: bool) -> None:
     raise AssertionError("the engine " + ("never started" if busy else "never stopped"))
 
 
-@pytest.mark.parametrize("name", ["openai", "kakeya", "salience", "uma", "evergreen"])
+def _settings(name: str, eng: Engine, db_url: str, tmp_path: Path, gguf: Path | None) -> Settings:
+    prices = tmp_path / "prices"
+    prices.mkdir()
+    (prices / "2026-01-01.yaml").write_text('version: "2026-01-01"\nunpriced: free\nentries: []\n')
+    if eng.replica is None:
+        return make_settings(
+            db_url,
+            engine=name,
+            sim={"tokens_per_s": 2000},
+            llama_model_path=gguf,
+            price_tables_dir=prices,
+        )
+    pools = tmp_path / "pools.yaml"
+    pools.write_text(
+        f"pools:\n  - pool_id: p\n    engine: {name}\n"
+        f"    replicas: [{{replica_id: r0, slots: 4, {eng.replica}}}]\n"
+    )
+    return make_settings(db_url, pools_file=pools, price_tables_dir=prices)
+
+
+@pytest.mark.parametrize(
+    "name", ["sim", "llama", "openai", "kakeya", "salience", "uma", "evergreen"]
+)
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
-async def test_fifty_cancels_each_reach_the_engine(name: str, db_url: str, tmp_path: Path) -> None:
+async def test_fifty_cancels_each_reach_the_engine(
+    name: str, db_url: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
     rng = random.Random(name)
+    gguf = request.getfixturevalue("gguf") if name == "llama" else None
     async with engine(name, tmp_path) as eng:
-        pools = tmp_path / "pools.yaml"
-        pools.write_text(
-            f"pools:\n  - pool_id: p\n    engine: {name}\n"
-            f"    replicas: [{{replica_id: r0, slots: 4, {eng.replica}}}]\n"
-        )
-        prices = tmp_path / "prices"
-        prices.mkdir()
-        (prices / "2026-01-01.yaml").write_text(
-            'version: "2026-01-01"\nunpriced: free\nentries: []\n'
-        )
-        settings = make_settings(db_url, pools_file=pools, price_tables_dir=prices)
-        async with started_client(Orchestrator(settings)) as client:
+        orch = Orchestrator(_settings(name, eng, db_url, tmp_path, gguf))
+        async with started_client(orch) as client:
+            pool = orch.pools.get("local")
+            if eng.replica is None and pool is not None:
+                eng.local.append(pool.replicas[0].adapter)
             run_id = await make_run(client)
             for n in range(CANCELS):
                 await until_busy(eng, False)  # the last one stopped
