@@ -17,7 +17,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
 from urllib.parse import quote
 
-from pydantic import BaseModel, TypeAdapter
+from pydantic import BaseModel, TypeAdapter, ValidationError
+
+from orchestrator_client.errors import InvalidRequest
 
 if TYPE_CHECKING:
     from orchestrator_client.transport import AsyncTransport, SyncTransport
@@ -120,10 +122,13 @@ def route(method: str, path: str) -> Callable[[Callable[P, Call[T]]], Operation[
 
 def body_of(value: BaseModel | Mapping[str, Any], kind: type[M]) -> M:
     """A request body as the contract's model: a model is taken as is, a mapping is
-    validated (an error names the field before anything is sent)."""
+    validated (:class:`InvalidRequest` names each wrong field before anything is sent)."""
     if isinstance(value, kind):
         return value
-    return kind.model_validate(value)
+    try:
+        return kind.model_validate(value)
+    except ValidationError as exc:
+        raise InvalidRequest.of(exc) from None
 
 
 def tokened(value: M) -> M:

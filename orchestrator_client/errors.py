@@ -12,6 +12,7 @@ import math
 from typing import Any
 
 import httpx
+from pydantic import ValidationError
 
 JsonObject = dict[str, Any]
 
@@ -32,6 +33,21 @@ class ClientError(Exception):
         self.message = message
         self.retriable = retriable
         self.details: JsonObject = details or {}
+
+    @property
+    def fields(self) -> list[str]:
+        """The request fields the error names (``details.field``, ``details.errors[].field``),
+        e.g. ``["input.params.max_tokens"]``."""
+        named = [self.details.get("field")]
+        errors = self.details.get("errors")
+        if isinstance(errors, list):
+            named += [e.get("field") for e in errors if isinstance(e, dict)]
+        return [f for f in named if isinstance(f, str)]
+
+    @property
+    def field(self) -> str | None:
+        """The first field the error names, when it names one."""
+        return next(iter(self.fields), None)
 
 
 class ApiError(ClientError):
@@ -61,21 +77,6 @@ class ApiError(ClientError):
         value = self.body.get("correlation_id")
         return value if isinstance(value, str) else None
 
-    @property
-    def fields(self) -> list[str]:
-        """The request fields the error names (``details.field``, ``details.errors[].field``),
-        e.g. ``["input.params.max_tokens"]``."""
-        named = [self.details.get("field")]
-        errors = self.details.get("errors")
-        if isinstance(errors, list):
-            named += [e.get("field") for e in errors if isinstance(e, dict)]
-        return [f for f in named if isinstance(f, str)]
-
-    @property
-    def field(self) -> str | None:
-        """The first field the error names, when it names one."""
-        return next(iter(self.fields), None)
-
     @classmethod
     def from_response(cls, response: httpx.Response) -> ApiError:
         try:
@@ -99,8 +100,36 @@ class BadRequest(ApiError):
     """400: malformed JSON, a repeated key, or a request the server could not read."""
 
 
-class InvalidParams(ApiError):
-    """422: the request names a field that is wrong (``field``, ``details``)."""
+class Invalid(ClientError):
+    """A request with a wrong field (``field``, ``fields``, ``details.errors``): refused by
+    the server (:class:`InvalidParams`) or before it was sent (:class:`InvalidRequest`)."""
+
+
+class InvalidParams(ApiError, Invalid):
+    """422: the server refused a field of the request."""
+
+
+class InvalidRequest(Invalid):
+    """The SDK refused the request before sending it: a field breaks the contract's model.
+    ``details.errors`` names each field as the server would (``input.params.max_tokens``)."""
+
+    def __init__(self, errors: list[JsonObject]) -> None:
+        first = errors[0] if errors else {"field": "body", "message": "invalid"}
+        super().__init__(
+            "INVALID_PARAMS",
+            f"{first['field']}: {first['message']}",
+            details={"errors": errors},
+        )
+
+    @classmethod
+    def of(cls, exc: ValidationError, *, tagged: bool = False) -> InvalidRequest:
+        """From pydantic's error; ``tagged``: the first location is a union's tag (the step
+        type), which the wire does not have."""
+        errors = []
+        for e in exc.errors(include_url=False):
+            loc = e["loc"][1:] if tagged and e["loc"] else e["loc"]
+            errors.append({"field": ".".join(map(str, loc)) or "body", "message": e["msg"]})
+        return cls(errors)
 
 
 class Unauthenticated(ApiError):

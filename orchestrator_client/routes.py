@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pydantic import BaseModel, TypeAdapter
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from contracts.capabilities import CapabilitySnapshot
 from contracts.flows import FlowCreate, FlowCreated, FlowOut
@@ -33,6 +33,7 @@ from orchestrator_client.calls import (
     text,
     tokened,
 )
+from orchestrator_client.errors import InvalidRequest
 from orchestrator_client.sse import TERMINAL
 from orchestrator_client.streams import Follow, follow, stream_route
 
@@ -46,7 +47,10 @@ def step_body(step: AnyStepCreate | Mapping[str, Any]) -> AnyStepCreate:
         return step
     if "client_token" not in step:
         step = {**step, "client_token": new_token()}
-    return _STEP.validate_python(step)
+    try:
+        return _STEP.validate_python(step)
+    except ValidationError as exc:  # its locations start with the step type: not on the wire
+        raise InvalidRequest.of(exc, tagged="type" in step) from None
 
 
 def _write(kind: type[BaseModel], value: Body) -> Any:

@@ -17,7 +17,8 @@ TERMINAL = frozenset({"end", "error", "run_end"})
 
 @dataclass(frozen=True)
 class SseEvent:
-    """One dispatched event: ``id`` is the last event id in force when it was dispatched."""
+    """One dispatched event; ``id`` is its own ``id:`` field (None for an event sent without
+    one, such as a queued step's position: the parser's ``last_event_id`` stays as it was)."""
 
     event: str
     data: str

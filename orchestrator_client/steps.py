@@ -7,7 +7,11 @@ answers the first step instead of running another.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import functools
+from collections.abc import Callable
+from typing import Any, Literal, ParamSpec, TypeVar
+
+from pydantic import ValidationError
 
 from contracts.common import Budgets
 from contracts.steps import (
@@ -27,12 +31,30 @@ from contracts.steps import (
     ToolCallStep,
 )
 from orchestrator_client.calls import new_token
+from orchestrator_client.errors import InvalidRequest
+
+P = ParamSpec("P")
+S = TypeVar("S")
+
+
+def _checked(build: Callable[P, S]) -> Callable[P, S]:
+    """A wrong argument raises :class:`InvalidRequest` naming the field, as for any body."""
+
+    @functools.wraps(build)
+    def checked(*args: P.args, **kwargs: P.kwargs) -> S:
+        try:
+            return build(*args, **kwargs)
+        except ValidationError as exc:
+            raise InvalidRequest.of(exc) from None
+
+    return checked
 
 
 def _messages(messages: list[dict[str, str]] | None) -> list[ChatMessage] | None:
     return None if messages is None else [ChatMessage.model_validate(m) for m in messages]
 
 
+@_checked
 def llm_call(
     prompt: str | None = None,
     *,
@@ -57,6 +79,7 @@ def llm_call(
     )
 
 
+@_checked
 def llm_plan(
     prompt: str | None = None,
     *,
@@ -81,6 +104,7 @@ def llm_plan(
     )
 
 
+@_checked
 def tool_call(tool: str, args: dict[str, Any], *, client_token: str | None = None) -> ToolCallStep:
     """Call a tool of the flow; ``args`` are checked against its JSON Schema first."""
     return ToolCallStep(
@@ -90,6 +114,7 @@ def tool_call(tool: str, args: dict[str, Any], *, client_token: str | None = Non
     )
 
 
+@_checked
 def gate(expr: str, *, wait_ms: int | None = None, client_token: str | None = None) -> GateEvalStep:
     """``gate_eval``: a CEL expression over the run's facts; with ``wait_ms`` it waits for
     facts that make it true."""
@@ -100,6 +125,7 @@ def gate(expr: str, *, wait_ms: int | None = None, client_token: str | None = No
     )
 
 
+@_checked
 def checkpoint(state: dict[str, Any], *, client_token: str | None = None) -> CheckpointStep:
     """A ``checkpoint`` step: the state stored with the server's cursors, in the run's log."""
     return CheckpointStep(
@@ -109,6 +135,7 @@ def checkpoint(state: dict[str, Any], *, client_token: str | None = None) -> Che
     )
 
 
+@_checked
 def fs_op(
     op: Literal["read", "write", "list", "stat", "delete"],
     path: str,

@@ -1,4 +1,7 @@
-"""orchctl and its client: SSE parsing, rendering, exit codes, and replays against a server."""
+"""orchctl's replay commands (replay, report, export, import, also under ``runs``): verdicts,
+rendering, exit codes and options over a mock transport, then replays against a server;
+and the SDK paths those commands stand on (SSE parsing, resuming a stream, retrying a
+write with the same token)."""
 
 from __future__ import annotations
 
@@ -18,20 +21,14 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
-from orchestrator_client import orchctl
-from orchestrator_client.client import (
-    ApiError,
-    Client,
-    SseEvent,
-    SseParser,
-    StepReplay,
-    Unreachable,
-    follow_to_end,
-    parse_sse,
-    replay_run,
-    replay_step_body,
-    submit_retrying,
-)
+from contracts.events import EndEvent, StartedEvent, TokenEvent
+from contracts.replay import ReplayReport
+from orchestrator_client import ApiError, Client, Retry, Unreachable, steps
+from orchestrator_client.errors import PolicyDenied
+from orchestrator_client.orchctl import cli, common, main
+from orchestrator_client.orchctl import replay as orchctl_replay
+from orchestrator_client.replay import StepReplay, follow_to_end, replay_run, replay_step_body
+from orchestrator_client.sse import SseEvent, SseParser, parse_sse
 from orchestratord.db.models import Event
 from orchestratord.runtime import Orchestrator
 from tests.helpers import make_flow, make_run, submit, wait_status
@@ -79,7 +76,8 @@ def test_sse_parser_counts_comments_and_keeps_last_id() -> None:
     assert parser.feed("event: token") is None
     assert parser.feed('data: {"i": 5}') is None
     event = parser.feed("")
-    assert event == SseEvent("token", '{"i": 5}', "4")  # no id line: the id in force
+    assert event == SseEvent("token", '{"i": 5}', None)  # no id line: no id of its own
+    assert parser.last_event_id == "4"
     parser.feed("retry: soon")
     assert parser.retry_ms is None
     assert parser.comments == 1
@@ -90,7 +88,7 @@ def test_event_data_must_be_an_object() -> None:
         SseEvent("token", "[1]").json()
 
 
-# --- following a stream over a mock transport -----------------------------------------------
+# --- following a stream and retrying writes over a mock transport ---------------------------
 
 
 class _Dropping(httpx.SyncByteStream):
@@ -106,39 +104,42 @@ class _Dropping(httpx.SyncByteStream):
 
 
 def _sse(seq: int, event: str, data: dict[str, Any]) -> bytes:
+    data = {"step_id": "step_1", "seq": seq, "type": event, **data}
     return f"id: {seq}\nevent: {event}\ndata: {json.dumps(data)}\n\n".encode()
+
+
+STARTED = {"pool_id": "sim", "replica_id": "r0", "engine": "sim"}
+END = {"stop_reason": "length", "tokens_in": 1, "tokens_out": 2, "provenance": None}
 
 
 def _mock_client(handler: Callable[[httpx.Request], httpx.Response], **kw: Any) -> Client:
     return Client("http://orch.test", transport=httpx.MockTransport(handler), **kw)
 
 
-def test_follow_step_resumes_after_a_drop_with_last_event_id() -> None:
+def test_a_stream_resumes_after_a_drop_with_last_event_id() -> None:
     seen_headers: list[str | None] = []
 
     def handler(request: httpx.Request) -> httpx.Response:
         seen_headers.append(request.headers.get("last-event-id"))
         if len(seen_headers) == 1:
-            chunks = [_sse(0, "started", {}), b": keep-alive\n\n", _sse(1, "token", {"i": 0})]
+            chunks = [_sse(0, "started", STARTED), b": keep-alive\n\n"]
+            chunks.append(_sse(1, "token", {"i": 0, "t": "a", "token_id": 1}))
             body = _Dropping([*chunks, b"id: 2\nevent: tok"])  # dropped mid-event
         elif len(seen_headers) == 2:
             body = _Dropping([], drop=False)  # closes cleanly before the end: resume again
         else:
-            body = _Dropping([_sse(2, "token", {"i": 1}), _sse(3, "end", {})], drop=False)
+            token = _sse(2, "token", {"i": 1, "t": "b", "token_id": 2})
+            body = _Dropping([token, _sse(3, "end", END)], drop=False)
         return httpx.Response(200, stream=body, headers={"content-type": "text/event-stream"})
 
-    with _mock_client(handler, reconnect_delay_s=0) as client:
-        events = list(client.follow_step("step_1"))
-    assert [(e.id, e.event) for e in events] == [
-        ("0", "started"),
-        ("1", "token"),
-        ("2", "token"),
-        ("3", "end"),
-    ]
+    with _mock_client(handler) as client:
+        events = list(client.stream_step("step_1"))
+    assert [type(e) for e in events] == [StartedEvent, TokenEvent, TokenEvent, EndEvent]
+    assert [e.seq for e in events] == [0, 1, 2, 3]
     assert seen_headers == [None, "1", "1"]
 
 
-def test_follow_step_gives_up_after_max_reconnects() -> None:
+def test_a_stream_gives_up_after_its_silence_limit() -> None:
     calls = 0
 
     def handler(request: httpx.Request) -> httpx.Response:
@@ -147,20 +148,20 @@ def test_follow_step_gives_up_after_max_reconnects() -> None:
         return httpx.Response(200, stream=_Dropping([]))
 
     with (
-        _mock_client(handler, reconnect_delay_s=0, max_reconnects=2) as client,
+        _mock_client(handler, stream_give_up_s=0.2) as client,
         pytest.raises(Unreachable, match="gave up resuming"),
     ):
-        list(client.follow_step("step_1"))
-    assert calls == 3
+        list(client.stream_step("step_1"))
+    assert calls >= 2
 
 
-def test_follow_step_of_an_unknown_step_is_an_api_error() -> None:
+def test_a_stream_of_an_unknown_step_is_an_api_error() -> None:
     def handler(request: httpx.Request) -> httpx.Response:
         body = {"code": "NOT_FOUND", "message": "step step_x not found", "retriable": False}
         return httpx.Response(404, json=body, headers={"x-correlation-id": "c-1"})
 
     with _mock_client(handler) as client, pytest.raises(ApiError) as info:
-        list(client.follow_step("step_x"))
+        list(client.stream_step("step_x"))
     assert (info.value.status, info.value.code) == (404, "NOT_FOUND")
     assert info.value.correlation_id == "c-1"
 
@@ -169,7 +170,7 @@ def test_non_json_error_keeps_the_status() -> None:
     def handler(request: httpx.Request) -> httpx.Response:
         return httpx.Response(502, text="Bad Gateway")
 
-    with _mock_client(handler) as client, pytest.raises(ApiError) as info:
+    with _mock_client(handler, retry=Retry(attempts=1)) as client, pytest.raises(ApiError) as info:
         client.get_run("run_1")
     assert (info.value.code, info.value.message) == ("HTTP_502", "Bad Gateway")
 
@@ -196,17 +197,11 @@ def test_replay_step_body_repeats_the_recorded_request() -> None:
     }
 
 
-def test_submit_retries_what_the_server_calls_retriable() -> None:
-    answers = [
-        httpx.Response(
-            429,
-            json={
-                "code": "ADMISSION_REJECT",
-                "message": "full",
-                "retriable": True,
-                "retry_after_ms": 0,
-            },
-        ),
+def test_a_write_is_retried_with_the_same_token() -> None:
+    full = {"code": "ADMISSION_REJECT", "message": "full", "retriable": True, "retry_after_ms": 0}
+    answers: list[httpx.Response | Exception] = [
+        httpx.Response(429, json=full),
+        httpx.ReadTimeout("the answer was lost"),
         httpx.Response(202, json={"step_id": "step_1", "status": "queued"}),
         httpx.Response(403, json={"code": "POLICY_DENIED", "message": "no", "retriable": False}),
     ]
@@ -214,50 +209,37 @@ def test_submit_retries_what_the_server_calls_retriable() -> None:
 
     def handler(request: httpx.Request) -> httpx.Response:
         tokens.append(json.loads(request.content)["client_token"])
-        return answers.pop(0)
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
 
-    with _mock_client(handler) as client:
-        body = {"type": "llm_call", "client_token": "a", "input": {}}
-        assert submit_retrying(client, "run_1", body)["step_id"] == "step_1"
-        with pytest.raises(ApiError, match="POLICY_DENIED"):
-            submit_retrying(client, "run_1", body)
-    assert tokens == ["a", "a", "a"]
-
-
-def test_submit_retries_a_lost_connection_with_the_same_token(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setattr("orchestrator_client.client.time.sleep", lambda _s: None)
-    tokens: list[str] = []
-
-    def handler(request: httpx.Request) -> httpx.Response:
-        tokens.append(json.loads(request.content)["client_token"])
-        if len(tokens) == 1:
-            raise httpx.ReadTimeout("the answer was lost", request=request)
-        return httpx.Response(200, json={"step_id": "step_1", "status": "running"})
-
-    with _mock_client(handler) as client:
-        body = {"type": "llm_call", "client_token": "a", "input": {}}
-        assert submit_retrying(client, "run_1", body)["step_id"] == "step_1"
-    assert tokens == ["a", "a"]
+    with _mock_client(handler, retry=Retry(backoff_s=0.0)) as client:
+        step = steps.llm_call("hi", client_token="a")
+        assert client.submit_step("run_1", step).step_id == "step_1"
+        with pytest.raises(PolicyDenied, match="POLICY_DENIED"):
+            client.submit_step("run_1", step)
+    assert tokens == ["a", "a", "a", "a"]
 
 
 # --- verdicts, exit codes and rendering -----------------------------------------------------
 
 
-def _report(**over: Any) -> dict[str, Any]:
-    counts = {k: 0 for k in orchctl.OUTCOMES}
+def _report(**over: Any) -> ReplayReport:
+    counts = {k: 0 for k in orchctl_replay.OUTCOMES}
     counts.update(over.pop("counts", {}))
-    return {
-        "run_id": "run_r",
-        "source_run_id": "run_s",
-        "mode": "strict_replay",
-        "diverged": False,
-        "complete": True,
-        "counts": counts,
-        "steps": [],
-        **over,
-    }
+    return ReplayReport.model_validate(
+        {
+            "run_id": "run_r",
+            "source_run_id": "run_s",
+            "mode": "strict_replay",
+            "diverged": False,
+            "complete": True,
+            "counts": counts,
+            "steps": [],
+            **over,
+        }
+    )
 
 
 @pytest.mark.parametrize(
@@ -273,9 +255,9 @@ def _report(**over: Any) -> dict[str, Any]:
         (_report(complete=False, counts={"pending": 1}), "INCOMPLETE", 1),
     ],
 )
-def test_verdict_and_exit_code(report: dict[str, Any], word: str, code: int) -> None:
-    assert orchctl.verdict(report) == word
-    assert orchctl.exit_code(report) == code
+def test_verdict_and_exit_code(report: ReplayReport, word: str, code: int) -> None:
+    assert orchctl_replay.verdict(report) == word
+    assert orchctl_replay.exit_code(report) == code
 
 
 def test_render_report_shows_the_divergence() -> None:
@@ -313,7 +295,7 @@ def test_render_report_shows_the_divergence() -> None:
             },
         ],
     )
-    text = orchctl.render_report(report, "run_r")
+    text = orchctl_replay.render_report(report, "run_r")
     lines = text.splitlines()
     assert lines[0] == "replay run_r of run_s (strict_replay): DIVERGED"
     assert "identical 1, diverged 1, missed 0" in lines[1]
@@ -329,7 +311,7 @@ def test_render_report_shows_the_divergence() -> None:
 
 
 def test_render_divergence_at_the_end_and_a_miss() -> None:
-    lines = orchctl.render_divergence(
+    lines = orchctl_replay.render_divergence(
         {"token_index": 4, "expected": {"end": "eos"}, "actual": {"t": "x", "token_id": 9}},
         indent="",
     )
@@ -338,7 +320,7 @@ def test_render_divergence_at_the_end_and_a_miss() -> None:
         "  expected: end of output (eos)",
         "  actual:   'x' (token_id 9)",
     ]
-    lines = orchctl.render_divergence(
+    lines = orchctl_replay.render_divergence(
         {
             "token_index": 0,
             "expected": {"t": "a", "token_id": 1},
@@ -348,7 +330,7 @@ def test_render_divergence_at_the_end_and_a_miss() -> None:
         indent="",
     )
     assert lines[2:] == ["  actual:   error ENGINE_ERROR", "  context:  ' b' 'c'"]
-    assert orchctl.render_miss({"differs": ["prompt", "params"]}, indent="") == [
+    assert orchctl_replay.render_miss({"differs": ["prompt", "params"]}, indent="") == [
         "no recorded step matches; differs: prompt, params"
     ]
     miss = {
@@ -360,7 +342,7 @@ def test_render_divergence_at_the_end_and_a_miss() -> None:
         "inputs": [{"input": "prompt_hash", "recorded": "sha256:a", "submitted": "sha256:b"}],
         "hint": "x",
     }
-    assert orchctl.render_miss(miss, indent="") == [
+    assert orchctl_replay.render_miss(miss, indent="") == [
         "no recorded step matches; differs: prompt_hash",
         "  the step differs from the recorded step at position 2 in: prompt_hash",
         '  prompt_hash: recorded "sha256:a", submitted "sha256:b"',
@@ -391,7 +373,7 @@ def test_render_refusal_lists_every_mismatch() -> None:
         },
         "correlation_id": "corr-9",
     }
-    text = orchctl.render_error(ApiError(409, body), "strict_replay of run_s")
+    text = common.render_error(ApiError(409, body), "strict_replay of run_s")
     assert text.splitlines() == [
         "orchctl: strict_replay of run_s: STRICT_REPLAY_MISMATCH: "
         "the current deployment cannot replay run_s strictly",
@@ -412,13 +394,13 @@ def test_render_progress_line() -> None:
         3,
         error={"code": "REPLAY_DIVERGED", "details": {"divergence": {"token_index": 3}}},
     )
-    assert orchctl.render_progress(diverged) == (
+    assert orchctl_replay.render_progress(diverged) == (
         "  #1 step_b (recorded step_rb) 3 tokens, REPLAY_DIVERGED at token 3\n"
     )
     ok = StepReplay(0, "step_ra", "step_a", 8, ended="length")
-    assert orchctl.render_progress(ok).endswith("8 tokens, end (length)\n")
+    assert orchctl_replay.render_progress(ok).endswith("8 tokens, end (length)\n")
     miss = StepReplay(2, "step_rc", "step_c", 0, error={"code": "REPLAY_MISS", "details": {}})
-    assert orchctl.render_progress(miss).endswith("0 tokens, REPLAY_MISS\n")
+    assert orchctl_replay.render_progress(miss).endswith("0 tokens, REPLAY_MISS\n")
 
 
 # --- the CLI over a mock transport ----------------------------------------------------------
@@ -435,16 +417,38 @@ def _run_cli(
         urls.append(base_url)
         return Client(base_url, transport=httpx.MockTransport(handler), **kw)
 
-    monkeypatch.setattr(orchctl, "Client", factory)
+    monkeypatch.setattr(cli, "Client", factory)
     out, err = io.StringIO(), io.StringIO()
-    code = orchctl.main(list(argv), stdout=out, stderr=err)
+    code = main(list(argv), stdout=out, stderr=err)
     return code, out.getvalue(), err.getvalue(), urls
 
 
+RECORDED_RUN = {
+    "run_id": "run_s",
+    "flow_id": "flow_f",
+    "mode": "record",
+    "seed": 42,
+    "source_run_id": None,
+    "status": "succeeded",
+    "budgets": {},
+    "usage": {"tokens_in": 0, "tokens_out": 0, "cost_usd": 0.0},
+    "reserved": {"tokens_in": 0, "tokens_out": 0, "cost_usd": 0.0},
+    "price_table": "t",
+    "policy_hash": "sha256:0",
+    "policy": {"rules": []},
+    "pool_policy": "auto",
+    "fs_policy": {},
+    "cancel_on_disconnect": None,
+    "step_count": 0,
+    "created_at": "2026-01-01T00:00:00Z",
+    "updated_at": "2026-01-01T00:00:00Z",
+}
+
+
+@pytest.mark.parametrize("command", [["replay"], ["runs", "replay"]], ids=["alias", "runs"])
 def test_refused_strict_replay_exits_2_with_the_mismatches(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, command: list[str]
 ) -> None:
-    run = {"run_id": "run_s", "flow_id": "flow_f", "seed": 42, "mode": "record"}
     refusal = {
         "code": "STRICT_REPLAY_MISMATCH",
         "message": "cannot replay strictly",
@@ -458,7 +462,7 @@ def test_refused_strict_replay_exits_2_with_the_mismatches(
     def handler(request: httpx.Request) -> httpx.Response:
         path = request.url.path
         if path == "/v1/runs/run_s":
-            return httpx.Response(200, json=run)
+            return httpx.Response(200, json=RECORDED_RUN)
         if path == "/v1/runs/run_s/steps":
             return httpx.Response(200, json=[])
         if path == "/v1/flows/flow_f/runs":
@@ -466,49 +470,96 @@ def test_refused_strict_replay_exits_2_with_the_mismatches(
             return httpx.Response(409, json=refusal)
         return httpx.Response(404, json={"code": "NOT_FOUND", "message": path})
 
-    code, out, err, _ = _run_cli(monkeypatch, handler, "replay", "run_s", "--strict")
+    code, out, err, _ = _run_cli(monkeypatch, handler, *command, "run_s", "--strict")
     assert code == 2
     assert out == ""
-    assert "STRICT_REPLAY_MISMATCH: cannot replay strictly" in err
+    assert "orchctl: strict_replay of run_s: STRICT_REPLAY_MISMATCH: cannot replay" in err
     assert '  mismatch model_hash: recorded "a", current "b"' in err
-    assert created == [{"mode": "strict_replay", "source_run_id": "run_s", "seed": 42}]
+    assert len(created) == 1
+    assert {k: created[0][k] for k in ("mode", "source_run_id", "seed")} == {
+        "mode": "strict_replay",
+        "source_run_id": "run_s",
+        "seed": 42,
+    }
 
-    code, out, err, _ = _run_cli(monkeypatch, handler, "replay", "run_s", "--strict", "--json")
+    code, out, err, _ = _run_cli(monkeypatch, handler, *command, "run_s", "--strict", "--json")
     assert code == 2
     assert json.loads(out)["error"]["code"] == "STRICT_REPLAY_MISMATCH"
 
 
 def test_url_from_flag_env_or_default(monkeypatch: pytest.MonkeyPatch) -> None:
     def handler(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(200, json=_report(counts={"identical": 1}))
+        return httpx.Response(200, json=_report(counts={"identical": 1}).model_dump(mode="json"))
 
-    monkeypatch.delenv("ORCHCTL_URL", raising=False)
+    for name in ("ORCHCTL_URL", "ORCHESTRATOR_URL"):
+        monkeypatch.delenv(name, raising=False)
     code, out, _, urls = _run_cli(monkeypatch, handler, "report", "run_r")
     assert code == 0
     assert out.startswith("replay run_r of run_s (strict_replay): IDENTICAL")
+    monkeypatch.setenv("ORCHESTRATOR_URL", "http://sdk.test:9")
+    urls += _run_cli(monkeypatch, handler, "report", "run_r")[3]
     monkeypatch.setenv("ORCHCTL_URL", "http://env.test:1")
     urls += _run_cli(monkeypatch, handler, "report", "run_r")[3]
     urls += _run_cli(monkeypatch, handler, "--url", "http://a.test:2", "report", "run_r")[3]
     urls += _run_cli(monkeypatch, handler, "report", "run_r", "--url", "http://b.test:3")[3]
-    assert urls == [orchctl.DEFAULT_URL, "http://env.test:1", "http://a.test:2", "http://b.test:3"]
-    assert orchctl.DEFAULT_URL == "http://127.0.0.1:8080"
+    urls += _run_cli(monkeypatch, handler, "runs", "--url", "http://c.test:4", "report", "x")[3]
+    assert urls == [
+        common.DEFAULT_URL,
+        "http://sdk.test:9",
+        "http://env.test:1",
+        "http://a.test:2",
+        "http://b.test:3",
+        "http://c.test:4",
+    ]
+    assert common.DEFAULT_URL == "http://127.0.0.1:8080"
+
+
+def test_api_key_from_env_is_sent(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[str | None] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request.headers.get("authorization"))
+        return httpx.Response(200, json=_report(counts={"identical": 1}).model_dump(mode="json"))
+
+    for name in ("ORCHCTL_API_KEY", "ORCHESTRATOR_API_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    assert _run_cli(monkeypatch, handler, "report", "run_r")[0] == 0
+    monkeypatch.setenv("ORCHCTL_API_KEY", "ok_0123456789ab_secret")
+    assert _run_cli(monkeypatch, handler, "report", "run_r")[0] == 0
+    assert seen == [None, "Bearer ok_0123456789ab_secret"]
 
 
 def test_unreachable_server_exits_2() -> None:
     out, err = io.StringIO(), io.StringIO()
     url = f"http://127.0.0.1:{free_port()}"
-    code = orchctl.main(["--url", url, "--timeout", "5", "report", "run_x"], stdout=out, stderr=err)
+    argv = ["--url", url, "--timeout", "5", "report", "run_x", "--json"]
+    code = main(argv, stdout=out, stderr=err)
     assert code == 2
     assert err.getvalue().startswith("orchctl: replay report of run_x: UNREACHABLE: GET ")
+    assert json.loads(out.getvalue())["error"]["code"] == "UNREACHABLE"
 
 
 def test_help_explains_exit_status(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as info:
-        orchctl.main(["replay", "--help"])
+        main(["replay", "--help"])
     assert info.value.code == 0
     text = capsys.readouterr().out
     assert "--strict" in text
     assert "exit status: 0 complete and identical" in text
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = capsys.readouterr().out
+    for line in ("exit status:", "  1    what was asked about failed", "  130  interrupted"):
+        assert line in text
+    for noun in ("flows", "runs", "steps", "facts", "checkpoints", "pools"):
+        assert f"    {noun} " in text
+
+
+def test_a_bad_command_line_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["runs", "frobnicate"])
+    assert info.value.code == 2
+    assert "invalid choice: 'frobnicate'" in capsys.readouterr().err
 
 
 # --- end to end: a real server on a loopback port -------------------------------------------
@@ -528,8 +579,8 @@ async def _record(live: httpx.AsyncClient, steps: int = 3, seed: int = 7) -> tup
 async def _orchctl(live: httpx.AsyncClient, *argv: str) -> tuple[int, str, str]:
     out, err = io.StringIO(), io.StringIO()
     # a thread: the server runs in this event loop, the CLI blocks
-    main = functools.partial(orchctl.main, stdout=out, stderr=err)
-    code = await asyncio.to_thread(main, ["--url", str(live.base_url), *argv])
+    run = functools.partial(main, stdout=out, stderr=err)
+    code = await asyncio.to_thread(run, ["--url", str(live.base_url), *argv])
     return code, out.getvalue(), err.getvalue()
 
 
@@ -552,9 +603,10 @@ async def test_replay_of_a_recorded_run_is_identical(live: httpx.AsyncClient, st
     replay_id = header.split()[1]
     run = (await live.get(f"/v1/runs/{replay_id}")).json()
     assert (run["mode"], run["source_run_id"], run["seed"]) == (mode, run_id, 7)
-    # report on the existing replay run: same verdict, same exit code
-    code, again, _ = await _orchctl(live, "report", replay_id)
-    assert (code, again.splitlines()[0]) == (0, header)
+    # report on the existing replay run, at the top and under runs: same verdict and code
+    for command in (["report"], ["runs", "report"]):
+        code, again, _ = await _orchctl(live, *command, replay_id)
+        assert (code, again.splitlines()[0]) == (0, header)
 
 
 async def _tamper_token(orch: Orchestrator, step_id: str, i: int, text: str) -> None:
@@ -595,7 +647,7 @@ async def test_strict_replay_reports_a_divergence(
     assert "context before:" in out
     assert err.splitlines()[1].endswith("REPLAY_DIVERGED at token 2")
 
-    code, out, _ = await _orchctl(live, "replay", run_id, "--strict", "--json")
+    code, out, _ = await _orchctl(live, "runs", "replay", run_id, "--strict", "--json")
     assert code == 1
     divergence = json.loads(out)["steps"][1]["divergence"]
     assert divergence["token_index"] == 2
@@ -626,24 +678,20 @@ async def test_replay_json_report(live: httpx.AsyncClient) -> None:
 async def test_client_records_a_run_it_can_replay(live: httpx.AsyncClient) -> None:
     url = str(live.base_url)
 
-    def record_and_replay() -> tuple[str, dict[str, Any]]:
+    def record_and_replay() -> tuple[str, ReplayReport]:
         with Client(url) as client:
             flow = client.create_flow({"ast": {"client": 1}})
-            run_id = str(client.create_run(str(flow["flow_id"]), {"seed": 11})["run_id"])
+            run_id = client.create_run(flow.flow_id, {"seed": 11}).run_id
             for i in range(2):
-                body = {
-                    "type": "llm_call",
-                    "client_token": f"c{i}",
-                    "input": {"prompt": f"p{i}", "params": {"max_tokens": 3}},
-                }
-                step_id = str(client.submit_step(run_id, body)["step_id"])
+                step = steps.llm_call(f"p{i}", client_token=f"c{i}", max_tokens=3)
+                step_id = client.submit_step(run_id, step).step_id
                 assert follow_to_end(client, step_id) == (3, "length", None)
-            assert [s["client_token"] for s in client.list_steps(run_id)] == ["c0", "c1"]
+            assert [s.client_token for s in client.list_steps(run_id)] == ["c0", "c1"]
             return replay_run(client, run_id, strict=True)
 
     replay_id, report = await asyncio.to_thread(record_and_replay)
-    assert report["run_id"] == replay_id
-    assert orchctl.verdict(report) == "IDENTICAL"
+    assert report.run_id == replay_id
+    assert orchctl_replay.verdict(report) == "IDENTICAL"
 
 
 async def test_replay_of_an_unknown_run_exits_2(live: httpx.AsyncClient) -> None:
@@ -667,13 +715,18 @@ async def test_export_then_import(live: httpx.AsyncClient, tmp_path: Path) -> No
     code, out, err = await _orchctl(live, "export", run_id, "-o", str(bundle))
     assert code == 0, err
     assert out == ""
+    assert err == f"orchctl: wrote {run_id} to {bundle}\n"
     assert run_id in bundle.read_text()
     code, out, err = await _orchctl(live, "import", str(bundle))
     assert code == 0, err
-    assert json.loads(out)["run_id"]
-    code, out, err = await _orchctl(live, "export", run_id)
+    assert json.loads(out)["run_id"] == run_id  # ids are kept; the same bundle is the same run
+    code, out, err = await _orchctl(live, "runs", "export", run_id)
     assert code == 0, err
     assert json.loads(out) == json.loads(bundle.read_text())
+    code, out, err = await _orchctl(live, "runs", "import", str(tmp_path / "absent.json"))
+    assert code == 2
+    assert out == ""
+    assert err.startswith(f"orchctl: cannot read {tmp_path / 'absent.json'}: ")
 
 
 # --- the installed console script against an orchestratord process --------------------------
@@ -723,20 +776,6 @@ def test_console_script_replays_against_a_server_process(tmp_path: Path) -> None
         assert "NOT_FOUND" in refused.stderr
 
 
-def test_api_key_from_env_is_sent(monkeypatch: pytest.MonkeyPatch) -> None:
-    seen: list[str | None] = []
-
-    def handler(request: httpx.Request) -> httpx.Response:
-        seen.append(request.headers.get("authorization"))
-        return httpx.Response(200, json=_report(counts={"identical": 1}))
-
-    monkeypatch.delenv("ORCHCTL_API_KEY", raising=False)
-    assert _run_cli(monkeypatch, handler, "report", "run_r")[0] == 0
-    monkeypatch.setenv("ORCHCTL_API_KEY", "ok_0123456789ab_secret")
-    assert _run_cli(monkeypatch, handler, "report", "run_r")[0] == 0
-    assert seen == [None, "Bearer ok_0123456789ab_secret"]
-
-
 def test_report_against_a_server_with_keys(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from orchestratord.cli import main as server_cli
 
@@ -747,11 +786,12 @@ def test_report_against_a_server_with_keys(tmp_path: Path, monkeypatch: pytest.M
     monkeypatch.undo()
     key = out.getvalue().strip()
     with orchestratord(tmp_path, "--engine", "sim", "--database-url", url) as base:
-        monkeypatch.delenv("ORCHCTL_API_KEY", raising=False)
+        for name in ("ORCHCTL_API_KEY", "ORCHESTRATOR_API_KEY"):
+            monkeypatch.delenv(name, raising=False)
         o, e = io.StringIO(), io.StringIO()
-        assert orchctl.main(["--url", base, "report", "run_x"], stdout=o, stderr=e) == 2
+        assert main(["--url", base, "report", "run_x"], stdout=o, stderr=e) == 2
         assert "UNAUTHENTICATED" in e.getvalue()
         monkeypatch.setenv("ORCHCTL_API_KEY", key)
         o, e = io.StringIO(), io.StringIO()
-        assert orchctl.main(["--url", base, "report", "run_x"], stdout=o, stderr=e) == 2
+        assert main(["--url", base, "report", "run_x"], stdout=o, stderr=e) == 2
         assert "NOT_FOUND" in e.getvalue()  # past auth: the run does not exist

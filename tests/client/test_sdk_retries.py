@@ -17,14 +17,15 @@ from typing import Any
 
 import httpx
 import pytest
-from pydantic import ValidationError
 
 from contracts.records import FactCreate
 from orchestrator_client import (
     AsyncClient,
     Client,
     Conflict,
+    Invalid,
     InvalidParams,
+    InvalidRequest,
     NotFound,
     Retry,
     StepFailed,
@@ -240,6 +241,10 @@ async def test_errors_are_typed_with_code_retriable_and_details(server: str) -> 
             await client.run_step(run.run_id, steps.tool_call("nap", {"ms": -1}))
         assert failed.value.code == "TOOL_ERROR" and failed.value.step_id.startswith("step")
 
-        with pytest.raises(ValidationError) as local:  # checked before anything is sent
+        with pytest.raises(InvalidRequest) as local:  # checked before anything is sent
             await client.add_fact(run.run_id, {"type": "", "data": 1})
-        assert local.value.errors()[0]["loc"] == ("type",)
+        assert (local.value.code, local.value.fields) == ("INVALID_PARAMS", ["type"])
+        with pytest.raises(Invalid) as step:  # named as on the wire, not by the union's tag
+            bad = {"type": "llm_call", "input": {"prompt": "x", "params": {"max_tokens": 0}}}
+            await client.submit_step(run.run_id, bad)
+        assert step.value.fields == ["input.params.max_tokens"]
