@@ -27,7 +27,8 @@ def blocks(after_heading: str) -> str:
 def test_the_tour_and_the_replay_examples_run(tmp_path: Path) -> None:
     with orchestratord(tmp_path, "--engine", "sim") as url:
         port = url.rsplit(":", 1)[1]
-        script = blocks("## A short tour") + blocks("## Record, replay, strict_replay")
+        script = blocks("## A short tour") + blocks("## orchctl")
+        script += blocks("## Record, replay, strict_replay")
         script = script.replace("localhost:8080", f"localhost:{port}")
         script = script.replace(".venv/bin/", f"{ROOT}/.venv/bin/")
         done = subprocess.run(
@@ -43,6 +44,7 @@ def test_the_tour_and_the_replay_examples_run(tmp_path: Path) -> None:
     assert '"code"' not in out.split("event: run_end")[0]  # no error body in the tour
     # with -e, orchctl's exit status 0 (every step identical) is part of the returncode above
     assert (tmp_path / "run.json").exists()  # the export
+    assert re.search(r"run run_\w+ succeeded: 1 steps", out)  # orchctl runs watch, to the end
 
 
 def test_the_sdk_example_runs(tmp_path: Path) -> None:
