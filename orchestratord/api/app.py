@@ -31,6 +31,7 @@ from orchestratord.settings import Settings
 from orchestratord.steps import routes as steps
 from orchestratord.streams import routes as streams
 from orchestratord.streams.response import RAW_SEND
+from orchestratord.ui import install as install_ui
 
 if TYPE_CHECKING:
     from orchestratord.evergreen.server import EvergreenServer
@@ -95,6 +96,9 @@ def create_app(
         version=__version__,
         summary="Control plane for LLM agent work: flows, runs, steps, facts, pools; typed SSE.",
         lifespan=lifespan,
+        # /docs is served by orchestratord.ui with local assets, not a CDN's; no /redoc
+        docs_url=None,
+        redoc_url=None,
         default_response_class=JsonResponse,
         dependencies=[Depends(refuse_nul), Depends(refuse_duplicate_keys)],
     )
@@ -105,6 +109,7 @@ def create_app(
     for module in (flows, runs, steps, facts, pools, caps, streams, transfer, metrics_routes):
         app.include_router(module.router)
     hot_routes.install(app)
+    install_ui(app)  # the dashboard at /ui, and /docs
 
     @app.get("/healthz", tags=["health"])
     async def healthz() -> dict[str, str]:

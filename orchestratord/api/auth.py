@@ -4,8 +4,10 @@ Routes carry one of ``READ``, ``WRITE`` or ``ADMIN`` in their ``dependencies``. 
 ``AuthMiddleware`` (pure ASGI, so it answers before any body is read) finds the route's
 scope, checks the ``Authorization: Bearer`` key and counts the request against the key's
 rate. A path no route serves needs ``read``. ``/healthz`` (and ``/metrics`` while
-``auth.open_metrics``) answer without a key. With auth off the middleware costs one cached
-check.
+``auth.open_metrics``) answer without a key, and so does every :class:`OpenRoute`: the
+dashboard's page shells and the static assets of it and of the API docs, which hold no data
+(the pages read it from the API, with the key they ask for). With auth off the middleware
+costs one cached check.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from urllib.parse import parse_qsl
 
 from fastapi import Depends, Request
 from fastapi.routing import APIRoute
-from starlette.routing import BaseRoute, Match
+from starlette.routing import BaseRoute, Match, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from orchestrator_core import keys
@@ -97,10 +99,32 @@ def credential_in_query(scope: Scope) -> str | None:
     return None
 
 
+class OpenRoute(Route):
+    """A ``GET`` route that answers without a key: a page shell or a static asset that holds
+    no data. Only routes of this class are open; the app adds them itself (not through an
+    included router, which would copy them into plain routes)."""
+
+    def __init__(self, path: str, endpoint: Callable[..., Any], *, name: str) -> None:
+        super().__init__(path, endpoint, methods=["GET"], name=name, include_in_schema=False)
+
+
 class AuthMiddleware:
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
         self._table: list[tuple[APIRoute, keys.Scope]] | None = None
+        self._open: tuple[tuple[str, ...], list[OpenRoute]] | None = None
+
+    def _is_open(self, scope: Scope) -> bool:
+        """Whether an :class:`OpenRoute` serves this request (its method included)."""
+        if self._open is None:
+            routes = [r for r in scope["app"].routes if isinstance(r, OpenRoute)]
+            # what each path begins with before its first parameter: most requests (the
+            # API's) are told apart by this alone
+            self._open = (tuple({r.path.split("{")[0] for r in routes}), routes)
+        prefixes, routes = self._open
+        if not scope["path"].startswith(prefixes):
+            return False
+        return any(route.matches(scope)[0] is Match.FULL for route in routes)
 
     def _required(self, scope: Scope) -> keys.Scope:
         if self._table is None:
@@ -128,7 +152,7 @@ class AuthMiddleware:
             await error_response(status_of(refused), refused.body())(scope, receive, send)
             return
         guard = orch.auth
-        if not await guard.enabled() or scope["path"] in guard.open_paths:
+        if not await guard.enabled() or scope["path"] in guard.open_paths or self._is_open(scope):
             await self.app(scope, receive, send)
             return
         raw = header(scope, b"authorization")

@@ -1,0 +1,126 @@
+"""The dashboard's pages and its two assets.
+
+Each page is one shell (``shell``) naming the page and the ids in its path; ``app.js``
+renders it from the API. A shell holds no data, so it answers without a key
+(:class:`~orchestratord.api.auth.OpenRoute`); every value put in it is HTML-escaped.
+"""
+
+from __future__ import annotations
+
+from html import escape
+from pathlib import Path
+
+from starlette.requests import Request
+from starlette.responses import FileResponse, HTMLResponse, RedirectResponse, Response
+
+from orchestrator_core.errors import NotFound
+from orchestratord.api.auth import OpenRoute
+
+STATIC = Path(__file__).parent / "static"
+ASSETS = {
+    "app.js": "text/javascript; charset=utf-8",
+    "app.css": "text/css; charset=utf-8",
+}
+# no script or style but the two files above, and requests to this origin only: a value
+# that slipped past escaping still could not run
+POLICY = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "connect-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'"
+)
+HEADERS = {
+    "Content-Security-Policy": POLICY,
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-store",
+}
+
+
+def shell(request: Request, page: str, title: str, **ids: str) -> HTMLResponse:
+    """The HTML of one page: ``page`` and ``ids`` become ``data-`` attributes of its body."""
+    base = escape(request.scope.get("root_path", "").rstrip("/"), quote=True)
+    data = "".join(
+        f' data-{name.replace("_", "-")}="{escape(v, quote=True)}"' for name, v in ids.items()
+    )
+    html = f"""<!doctype html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{escape(title)} · orchestratord</title>
+<link rel="icon" href="data:,">
+<link rel="stylesheet" href="{base}/ui/static/app.css">
+<script src="{base}/ui/static/app.js" defer></script>
+</head>
+<body data-page="{escape(page, quote=True)}" data-base="{base}"{data}>
+<header class="top">
+<a class="brand" href="{base}/ui">orchestratord</a>
+<nav>
+<a href="{base}/ui">Runs</a><a href="{base}/ui/pools">Pools</a><a href="{base}/docs">API</a>
+</nav>
+<span id="live" class="live" hidden></span>
+<button id="forget-key" type="button" class="link" hidden>Forget key</button>
+</header>
+<form id="key-form" class="key-form" hidden>
+<label for="key-input">This server needs an API key with read scope.</label>
+<input id="key-input" name="key" type="password" autocomplete="off" placeholder="ok_..." required>
+<button type="submit">Use key</button>
+<p id="key-message" class="muted"></p>
+</form>
+<main id="main"><p class="muted">Loading…</p></main>
+<noscript>This dashboard needs JavaScript.</noscript>
+</body>
+</html>
+"""
+    return HTMLResponse(html, headers=HEADERS)
+
+
+async def runs_page(request: Request) -> Response:
+    return shell(request, "runs", "Runs")
+
+
+async def run_page(request: Request) -> Response:
+    run_id: str = request.path_params["run_id"]
+    return shell(request, "run", f"Run {run_id}", run_id=run_id)
+
+
+async def replay_page(request: Request) -> Response:
+    run_id: str = request.path_params["run_id"]
+    return shell(request, "replay", f"Replay of {run_id}", run_id=run_id)
+
+
+async def step_page(request: Request) -> Response:
+    step_id: str = request.path_params["step_id"]
+    return shell(request, "step", f"Step {step_id}", step_id=step_id)
+
+
+async def pools_page(request: Request) -> Response:
+    return shell(request, "pools", "Pools")
+
+
+async def to_runs(request: Request) -> Response:
+    root = request.scope.get("root_path", "").rstrip("/")
+    return RedirectResponse(f"{root}/ui", status_code=308)
+
+
+async def asset(request: Request) -> Response:
+    name: str = request.path_params["name"]
+    media_type = ASSETS.get(name)
+    if media_type is None:
+        raise NotFound("asset", name)
+    # revalidated each time (ETag), so a new version of the server is picked up at once
+    return FileResponse(
+        STATIC / name,
+        media_type=media_type,
+        headers={"Cache-Control": "no-cache", "X-Content-Type-Options": "nosniff"},
+    )
+
+
+ROUTES = [
+    OpenRoute("/ui", runs_page, name="ui_runs"),
+    OpenRoute("/ui/", to_runs, name="ui_slash"),
+    OpenRoute("/ui/runs/{run_id}", run_page, name="ui_run"),
+    OpenRoute("/ui/runs/{run_id}/replay", replay_page, name="ui_replay"),
+    OpenRoute("/ui/steps/{step_id}", step_page, name="ui_step"),
+    OpenRoute("/ui/pools", pools_page, name="ui_pools"),
+    OpenRoute("/ui/static/{name}", asset, name="ui_asset"),
+]
