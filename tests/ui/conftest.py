@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import httpx
 import pytest
 
+from orchestrator_client import AsyncClient
 from orchestratord.api.app import create_app
 from orchestratord.runtime import Orchestrator
 from orchestratord.settings import Settings
@@ -84,6 +85,13 @@ async def server(orch: Orchestrator) -> AsyncIterator[str]:
 @pytest.fixture
 async def api(server: str) -> AsyncIterator[httpx.AsyncClient]:
     async with httpx.AsyncClient(base_url=server, timeout=30) as client:
+        yield client
+
+
+@pytest.fixture
+async def sdk(server: str) -> AsyncIterator[AsyncClient]:
+    """The Python SDK's client of the server: how the tests start what the page shows."""
+    async with AsyncClient(server) as client:
         yield client
 
 

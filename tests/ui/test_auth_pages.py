@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import httpx
 import pytest
 
+from orchestrator_client import AsyncClient
 from orchestrator_core.keys import Scope
 from orchestratord.auth import store
 from orchestratord.runtime import Orchestrator
@@ -34,10 +35,8 @@ async def test_the_page_asks_for_a_key_and_shows_runs_with_a_read_key(
     page: Page, server: str, orch: Orchestrator, artifacts: Path
 ) -> None:
     writer, reader = await _key(orch, Scope.WRITE), await _key(orch, Scope.READ)
-    async with httpx.AsyncClient(
-        base_url=server, timeout=30, headers={"Authorization": f"Bearer {writer}"}
-    ) as api:
-        run_id = await calls.new_run(api)
+    async with AsyncClient(server, api_key=writer) as sdk:
+        run_id = await calls.new_run(sdk)
     async with httpx.AsyncClient(base_url=server, timeout=30) as anonymous:
         assert (await anonymous.get("/v1/runs")).status_code == 401
         assert (await anonymous.get("/ui")).status_code == 200

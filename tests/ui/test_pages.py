@@ -8,6 +8,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from orchestrator_client import AsyncClient
 from orchestratord.runtime import Orchestrator
 from test_harness.perturbed import PerturbedAdapter
 from tests.helpers import read_stream
@@ -19,18 +20,18 @@ if TYPE_CHECKING:
 
 
 async def test_runs_are_listed_filtered_and_kept_up_to_date(
-    page: Page, api: httpx.AsyncClient, server: str, artifacts: Path
+    page: Page, api: httpx.AsyncClient, sdk: AsyncClient, server: str, artifacts: Path
 ) -> None:
-    first = await calls.new_run(api)
-    await calls.finished(api, await calls.start_step(api, first, n=4))
-    await calls.complete(api, first)
+    first = await calls.new_run(sdk)
+    await calls.finished(sdk, await calls.start_step(sdk, first, n=4))
+    await calls.complete(sdk, first)
     flow_id = (await api.get(f"/v1/runs/{first}")).json()["flow_id"]
-    other = await calls.make_other_run(api)
+    other = await calls.make_other_run(sdk)
     await page.goto(f"{server}/ui")
     await page.wait_for_selector(f'#runs tr[data-run-id="{first}"][data-status="succeeded"]')
     await page.wait_for_selector(f'#runs tr[data-run-id="{other}"][data-status="running"]')
     # live: a run made after the page was read appears
-    later = await calls.new_run(api)
+    later = await calls.new_run(sdk)
     await page.wait_for_selector(f'#runs tr[data-run-id="{later}"]')
     await screenshot(page, artifacts, "runs-page")
     await page.select_option("select[name=status]", "succeeded")
@@ -55,13 +56,18 @@ def _perturb(orch: Orchestrator, at: int) -> None:
 
 
 async def test_a_diverged_strict_replay_shows_its_first_divergence(
-    page: Page, api: httpx.AsyncClient, server: str, orch: Orchestrator, artifacts: Path
+    page: Page,
+    api: httpx.AsyncClient,
+    sdk: AsyncClient,
+    server: str,
+    orch: Orchestrator,
+    artifacts: Path,
 ) -> None:
-    source = await calls.new_run(api)
-    recorded = await calls.finished(api, await calls.start_step(api, source, token="t0", n=12))
+    source = await calls.new_run(sdk)
+    recorded = await calls.finished(sdk, await calls.start_step(sdk, source, token="t0", n=12))
     _perturb(orch, at=4)
-    strict = await calls.replay_of(api, source, "strict_replay")
-    replayed = await calls.finished(api, await calls.start_step(api, strict, token="t0", n=12))
+    strict = await calls.replay_of(sdk, source, "strict_replay")
+    replayed = await calls.finished(sdk, await calls.start_step(sdk, strict, token="t0", n=12))
     assert replayed["status"] == "failed"
     await page.goto(f"{server}/ui/runs/{strict}/replay")
     first = page.locator("#first-divergence")
@@ -83,28 +89,28 @@ async def test_a_diverged_strict_replay_shows_its_first_divergence(
 
 
 async def test_pools_show_replicas_and_load(
-    page: Page, api: httpx.AsyncClient, server: str, artifacts: Path
+    page: Page, sdk: AsyncClient, server: str, artifacts: Path
 ) -> None:
     await page.goto(f"{server}/ui/pools")
     replica = page.locator('article[data-pool-id="local"] tr[data-replica-id="r0"]')
     await replica.wait_for()
     assert await replica.get_attribute("data-state") == "ready"
     assert "0 / 8" in await replica.inner_text()
-    run_id = await calls.new_run(api)
-    step_id = await calls.start_step(api, run_id, n=400)  # holds a slot for 20 s
+    run_id = await calls.new_run(sdk)
+    step_id = await calls.start_step(sdk, run_id, n=400)  # holds a slot for 20 s
     await page.wait_for_selector(
         'article[data-pool-id="local"] tr[data-replica-id="r0"] >> text="1 / 7"'
     )
     await screenshot(page, artifacts, "pools-page")
-    await calls.cancel(api, step_id)
-    await calls.finished(api, step_id)
+    await calls.cancel(sdk, step_id)
+    await calls.finished(sdk, step_id)
 
 
 async def test_a_step_page_shows_provenance_and_placement(
-    page: Page, api: httpx.AsyncClient, server: str, artifacts: Path
+    page: Page, sdk: AsyncClient, server: str, artifacts: Path
 ) -> None:
-    run_id = await calls.new_run(api)
-    step = await calls.finished(api, await calls.start_step(api, run_id, n=8))
+    run_id = await calls.new_run(sdk)
+    step = await calls.finished(sdk, await calls.start_step(sdk, run_id, n=8))
     await page.goto(f"{server}/ui/steps/{step['step_id']}")
     await page.wait_for_selector('body[data-status="succeeded"]')
     await page.wait_for_function("() => document.querySelectorAll('.tokens .tok').length === 8")

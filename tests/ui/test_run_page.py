@@ -5,8 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import httpx
-
+from orchestrator_client import AsyncClient
 from tests.ui import calls
 from tests.ui.conftest import screenshot
 from tests.ui.cutting_proxy import cutting_proxy
@@ -33,19 +32,19 @@ async def shown_tokens(page: Page, step_id: str) -> tuple[list[int], str]:
 
 
 async def test_tokens_arrive_live_and_the_run_ends(
-    page: Page, api: httpx.AsyncClient, server: str, artifacts: Path
+    page: Page, sdk: AsyncClient, server: str, artifacts: Path
 ) -> None:
     run_id = await calls.new_run(
-        api, budgets={"max_tokens_out": 400, "max_tokens_in": 100, "max_cost_usd": 0.5}
+        sdk, budgets={"max_tokens_out": 400, "max_tokens_in": 100, "max_cost_usd": 0.5}
     )
     await page.goto(f"{server}/ui/runs/{run_id}")
     await page.wait_for_selector('#live[data-state="live"]')
     # 60 tokens at 20 a second: three seconds in which the page shows them arriving
-    step_id = await calls.start_step(api, run_id, n=60, prompt="Write a haiku about rivers.")
+    step_id = await calls.start_step(sdk, run_id, n=60, prompt="Write a haiku about rivers.")
     # shown while the step still runs: they came over the stream, one by one
     await page.wait_for_function(TOKENS_WHILE_RUNNING, arg=[row(step_id), 3])
     await screenshot(page, artifacts, "run-page-streaming")
-    record = await calls.finished(api, step_id)
+    record = await calls.finished(sdk, step_id)
     assert record["status"] == "succeeded"
     await page.wait_for_selector(f'{row(step_id)}[data-status="succeeded"]')
     await page.wait_for_function(TOKEN_COUNT, arg=[row(step_id), 60])
@@ -53,16 +52,16 @@ async def test_tokens_arrive_live_and_the_run_ends(
     assert indexes == list(range(60))
     assert text == record["output"]["text"]
     # a second step, a fact (whose data is markup, shown as text) and a checkpoint
-    second = await calls.start_step(api, run_id, token="s2", prompt="And the sea.", n=16)
-    await calls.finished(api, second)
+    second = await calls.start_step(sdk, run_id, token="s2", prompt="And the sea.", n=16)
+    await calls.finished(sdk, second)
     markup = "<img src=x onerror=document.body.dataset.injected=1>"
-    await calls.add_fact(api, run_id, "note", {"html": markup})
+    await calls.add_fact(sdk, run_id, "note", {"html": markup})
     fact = page.locator("#facts tr", has_text="note")
     await fact.wait_for()
     assert markup in await fact.inner_text()
     assert await page.locator("#facts img").count() == 0
-    await calls.checkpoint(api, run_id, {"turn": 2})
-    await calls.complete(api, run_id)
+    await calls.checkpoint(sdk, run_id, {"turn": 2})
+    await calls.complete(sdk, run_id)
     await page.wait_for_selector('body[data-status="succeeded"]')
     await page.wait_for_selector('#live[data-state="ended"]')
     await page.wait_for_selector("#checkpoints tr")
@@ -74,11 +73,11 @@ async def test_tokens_arrive_live_and_the_run_ends(
 
 
 async def test_a_dropped_stream_resumes_without_a_repeated_token(
-    page: Page, api: httpx.AsyncClient, server: str, artifacts: Path
+    page: Page, sdk: AsyncClient, server: str, artifacts: Path
 ) -> None:
-    run_id = await calls.new_run(api)
+    run_id = await calls.new_run(sdk)
     n = 120
-    step_id = await calls.start_step(api, run_id, n=n)
+    step_id = await calls.start_step(sdk, run_id, n=n)
     # the proxy passes on each resume's Last-Event-ID three events earlier: the server
     # sends again tokens the page has shown, which it must drop
     async with cutting_proxy(server, rewind=3) as proxy:
@@ -90,7 +89,7 @@ async def test_a_dropped_stream_resumes_without_a_repeated_token(
             "() => { const l = document.getElementById('live');"
             " return Number(l.dataset.reconnects) >= 1 && l.dataset.state === 'live'; }"
         )
-        record: dict[str, Any] = await calls.finished(api, step_id)
+        record: dict[str, Any] = await calls.finished(sdk, step_id)
         await page.wait_for_selector(f'{row(step_id)}[data-status="succeeded"]')
         await page.wait_for_function(TOKEN_COUNT, arg=[row(step_id), n])
         await screenshot(page, artifacts, "run-page-resumed")
