@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -47,6 +47,11 @@ class CheckpointOut(Out):
     created_at: datetime
 
 
+class BreakerOut(Out):
+    state: Literal["closed", "open", "half_open"] = "closed"
+    failures: int = Field(default=0, description="consecutive failures counted")
+
+
 class ReplicaOut(Out):
     replica_id: str
     url: str | None
@@ -59,6 +64,10 @@ class ReplicaOut(Out):
         default="ready",
         description="whether it takes new steps: ready | unready (its health) | draining (an"
         " operator's drain) | breaker_open (its circuit breaker fails calls fast)",
+    )
+    breaker: BreakerOut = Field(
+        default_factory=BreakerOut,
+        description="the circuit breaker of calls to it, as the answering process keeps it",
     )
     capabilities: dict[str, Any] = Field(
         default_factory=dict,

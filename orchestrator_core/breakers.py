@@ -260,6 +260,13 @@ class BreakerBoard:
         # at least as many new targets as survivors before the next sweep: O(1) amortized
         self._sweep_at = max(self._idle_limit, 2 * len(self._breakers))
 
+    def state_of(self, target: str) -> tuple[str, int]:
+        """``target``'s state and consecutive failures; a target never met is closed, 0."""
+        breaker = self._breakers.get(target)
+        if breaker is None:
+            return BreakerState.CLOSED.value, 0
+        return breaker.state.value, breaker.failures
+
     def snapshot(self) -> dict[str, str]:
         """Each known target's state, by target."""
         return {t: b.state.value for t, b in sorted(self._breakers.items())}

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from contracts.records import PoolOut, ReplicaOut
+from contracts.records import BreakerOut, PoolOut, ReplicaOut
 from orchestrator_core.breakers import BreakerBoard
 from orchestrator_core.errors import NotFound
 from orchestrator_core.generation import LlmInput
@@ -43,6 +43,8 @@ class Replica:
     draining: bool = False  # an operator's: no new steps, running ones finish
     # whether its circuit breaker fails calls fast now (the runtime's engine breakers)
     breaker_open: Callable[[], bool] = field(default=lambda: False)
+    # its breaker's state and consecutive failures, in this process
+    breaker: Callable[[], tuple[str, int]] = field(default=lambda: ("closed", 0))
 
     @property
     def vram_gib(self) -> int | None:
@@ -203,6 +205,9 @@ class Pool:
                     busy=r.busy + r.others,
                     free=r.free,
                     state=r.state,
+                    breaker=BreakerOut.model_validate(
+                        dict(zip(("state", "failures"), r.breaker(), strict=True))
+                    ),
                     capabilities=replica_capabilities(r),
                     health={
                         "live": r.health.live,
@@ -314,6 +319,7 @@ class PoolRegistry:
         for replica in pool.replicas:
             target = pool.breaker_target(replica.replica_id)
             replica.breaker_open = functools.partial(self._board.is_open, target)
+            replica.breaker = functools.partial(self._board.state_of, target)
 
     def views(self) -> list[PoolView]:
         return [p.placement_view() for p in self.pools.values()]

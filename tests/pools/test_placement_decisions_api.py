@@ -106,6 +106,9 @@ async def test_a_replica_whose_breaker_is_open_takes_no_steps(
     assert states[("us", "r0")] == states[("us", "r1")] == "breaker_open"
     pools = {p["pool_id"]: p for p in (await client.get("/v1/pools")).json()}
     assert [r["free"] for r in pools["us"]["replicas"]] == [0, 0]
+    assert [r["breaker"]["state"] for r in pools["us"]["replicas"]] == ["open", "open"]
+    assert all(r["breaker"]["failures"] > 0 for r in pools["us"]["replicas"])
+    assert pools["eu"]["replicas"][0]["breaker"] == {"state": "closed", "failures": 0}
     # pinned to it, a step waits in its queue (a pin is honoured) instead of failing fast
     pinned = await step_on(client, run_id, "c", {"pin": "us"})
     assert (await client.get(f"/v1/steps/{pinned}")).json()["status"] == "queued"

@@ -88,8 +88,8 @@ async def test_a_diverged_strict_replay_shows_its_first_divergence(
     await page.wait_for_selector("#first-divergence")
 
 
-async def test_pools_show_replicas_and_load(
-    page: Page, sdk: AsyncClient, server: str, artifacts: Path
+async def test_pools_show_replicas_load_and_breakers(
+    page: Page, sdk: AsyncClient, server: str, orch: Orchestrator, artifacts: Path
 ) -> None:
     await page.goto(f"{server}/ui/pools")
     replica = page.locator('article[data-pool-id="local"] tr[data-replica-id="r0"]')
@@ -104,6 +104,15 @@ async def test_pools_show_replicas_and_load(
     await screenshot(page, artifacts, "pools-page")
     await calls.cancel(sdk, step_id)
     await calls.finished(sdk, step_id)
+    assert await replica.locator("td.breaker").get_attribute("data-breaker") == "closed"
+    breakers = orch.services.engine_breakers  # calls to r0 fail: its breaker opens
+    breaker = breakers.get(orch.pools.require("local").breaker_target("r0"))
+    while not breakers.is_open(breaker.target):
+        breaker.before_call().failure("engine down")
+    await page.wait_for_selector(
+        'article[data-pool-id="local"] tr[data-replica-id="r0"] td[data-breaker="open"]'
+    )
+    assert "failures" in await replica.locator("td.breaker").inner_text()
 
 
 async def test_a_step_page_shows_provenance_and_placement(

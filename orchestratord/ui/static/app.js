@@ -751,7 +751,7 @@
           const load = p.load || {};
           const slots = (load.slots_busy || 0) + (load.slots_free || 0);
           const replicas = table(
-            ["replica", "state", "health", "slots busy / free", "model", "detail"],
+            ["replica", "state", "health", "breaker", "slots busy / free", "model", "detail"],
             p.replicas.map((r) =>
               el(
                 "tr",
@@ -759,6 +759,12 @@
                 el("td", {}, code(r.replica_id)),
                 el("td", {}, badge(r.state)),
                 el("td", { text: `${r.health?.live ? "live" : "down"}, ${r.health?.ready ? "ready" : "not ready"}` }),
+                el(
+                  "td",
+                  { class: "breaker", data: { breaker: r.breaker?.state || "closed" } },
+                  badge(r.breaker?.state || "closed"),
+                  r.breaker?.failures ? el("span", { class: "muted", text: ` ${r.breaker.failures} failures` }) : "",
+                ),
                 el("td", { class: "num", text: `${r.busy} / ${r.free}` }),
                 el("td", { text: r.model || r.capabilities?.model || "" }),
                 el("td", { class: "muted", text: r.health?.detail || "" }),
