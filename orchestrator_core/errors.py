@@ -15,6 +15,10 @@ OrchestratorError            code, message, retriable, details
 │   └── TooLarge             413 LIMIT_EXCEEDED   (a size limit: the same request never fits)
 ├── Unauthenticated          401 UNAUTHENTICATED  (no key, or not a valid one)
 ├── Forbidden                403 FORBIDDEN        (the key's scope is too low)
+├── DatabaseUnavailable      503 DATABASE_UNAVAILABLE (down, restarting, a connection lost:
+│                                                  retriable)
+├── StorageFull              507 STORAGE_FULL     (the database's disk is full: nothing new
+│                                                  is stored, nothing committed is lost)
 └── Cancelled                    CANCELLED
 """
 
@@ -158,3 +162,36 @@ class Forbidden(OrchestratorError):
 
     def __init__(self, message: str, *, required: str, scope: str) -> None:
         super().__init__(message, details={"required": required, "scope": scope})
+
+
+class DatabaseUnavailable(OrchestratorError):
+    """The database could not serve the request: down, restarting, refusing connections, or
+    the connection was lost in the middle of it. Retriable: a retry with the same
+    ``client_token`` never stores a write twice (the lost one may have committed)."""
+
+    code = "DATABASE_UNAVAILABLE"
+    retriable = True
+
+    def __init__(self, reason: str, *, retry_after_ms: int = 1000) -> None:
+        super().__init__(
+            f"the database is unavailable ({reason}); retry after {retry_after_ms} ms, with "
+            "the same client_token for a write",
+            details={"reason": reason},
+            retry_after_ms=retry_after_ms,
+        )
+
+
+class StorageFull(OrchestratorError):
+    """The database's storage is full: new writes are refused until space is freed; what
+    was committed before is kept. Retriable, later: an operator has to free space."""
+
+    code = "STORAGE_FULL"
+    retriable = True
+
+    def __init__(self, *, retry_after_ms: int = 30_000) -> None:
+        super().__init__(
+            "the database's storage is full: nothing new is stored until space is freed "
+            "(what was committed before is kept)",
+            details={"reason": "storage_full"},
+            retry_after_ms=retry_after_ms,
+        )

@@ -14,6 +14,10 @@ A claim leases the step to this process (``steps/leases.py``; the lease keeper i
 A cancel made through this process reaches its execution directly; one requested through
 another process is picked up by polling ``cancel_requested`` at most once per ``poll_s``
 (not on every wake: under load a wake comes with every submission and every ended step).
+
+A round that finds the database unavailable (down, restarting: ``db/outage.py``) is tried
+again every ``poll_s`` with every lane looked at, as a claim it could not make may have
+been asked for meanwhile; one line is logged per outage, not a traceback per round.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from orchestrator_core.lifecycle import StepStatus
 from orchestratord import tracing
 from orchestratord.db.engine import Database
 from orchestratord.db.models import Run, Step
+from orchestratord.db.outage import described, unavailable
 from orchestratord.eventlog import EventWriter
 from orchestratord.pools.registry import Pool, PoolRegistry, Replica
 from orchestratord.pools.slots import Slots
@@ -84,6 +89,7 @@ class Dispatcher:
         self._stopping = False
         self._task: asyncio.Task[None] | None = None
         self._cancels_at = float("-inf")  # when to look for other processes' cancels next
+        self._unavailable = False  # the last round found the database unavailable
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._loop(), name="dispatcher")
@@ -152,9 +158,25 @@ class Dispatcher:
                 await self._poll_cancels()
             except asyncio.CancelledError:
                 raise
-            except Exception:
-                log.exception("dispatch round failed")
+            except Exception as exc:
+                self._failed(exc)
                 await asyncio.sleep(self.poll_s)
+            else:
+                if self._unavailable:
+                    self._unavailable = False
+                    log.info("database back: dispatching again")
+
+    def _failed(self, exc: Exception) -> None:
+        """A round failed: the next one looks at every lane (the hints this one cleared,
+        and the steps a claim it could not make would have started, are not lost)."""
+        self._control_hint = self._pool_hint = True
+        for pool_id in self.pools.pools:
+            self._backlog[pool_id] = True
+        if unavailable(exc) is None:
+            log.exception("dispatch round failed")
+        elif not self._unavailable:
+            self._unavailable = True
+            log.warning("database unavailable (%s): dispatching waits for it", described(exc))
 
     def _quiet_poll(self) -> None:
         """A wait ended with no wake-up: look where steps may wait unseen. Other processes

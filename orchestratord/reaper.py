@@ -5,6 +5,14 @@ statement renews every lease this process holds; a step it runs that it no longe
 (reaped by another process while this one stalled) is abandoned here: its execution stops
 without writing more. Then expired leases are reaped (``steps/leases.py``), in transactions
 of at most 50 steps, each step locked with SKIP LOCKED so two reapers never take one step.
+
+While the database is unavailable no process can renew its leases, so they all expire
+together, the living processes' as well as a dead one's. Once it is back, this process
+renews its own at once, and reaps nothing until ``lease_s`` after the last round that found
+the database unavailable: every living process has renewed by then (each renews every
+third of a lease), so what is still expired belongs to a process that is gone. (Reaping
+first would take running steps from processes that lived through the outage: a tool call
+ended as ``WORKER_LOST`` while it was still running.)
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from orchestratord.db.engine import Database
 from orchestratord.db.models import Step
+from orchestratord.db.outage import described, unavailable
 from orchestratord.steps import leases
 from orchestratord.steps.leases import LeaseTerms, PriceOf
 from orchestratord.tasks import cancel_and_wait
@@ -52,6 +61,8 @@ class LeaseKeeper:
         self._task: asyncio.Task[None] | None = None
         self.reaped = 0
         self.requeued = 0
+        # (the loop's clock) when a round last found the database unavailable
+        self._unavailable_at: float | None = None
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._loop(), name="lease-keeper")
@@ -66,11 +77,33 @@ class LeaseKeeper:
             await asyncio.sleep(every * random.uniform(0.8, 1.0))
             try:
                 await self.renew()
-                await self.reap_expired()
+                if self.may_reap():
+                    await self.reap_expired()
             except asyncio.CancelledError:
                 raise
-            except Exception:
-                log.exception("lease renewal or reaping failed")
+            except Exception as exc:
+                if unavailable(exc) is None:
+                    log.exception("lease renewal or reaping failed")
+                    continue
+                if self._unavailable_at is None:
+                    log.warning(
+                        "database unavailable (%s): leases are renewed, and expired ones "
+                        "reaped, once it is back",
+                        described(exc),
+                    )
+                self._unavailable_at = asyncio.get_running_loop().time()
+
+    def may_reap(self) -> bool:
+        """Whether expired leases are reaped now: not until ``lease_s`` after the database
+        was last found unavailable, so that every process that lived through it has
+        renewed its own."""
+        if self._unavailable_at is None:
+            return True
+        if asyncio.get_running_loop().time() - self._unavailable_at < self.terms.lease_s:
+            return False
+        self._unavailable_at = None
+        log.info("database back for a lease: expired leases are reaped again")
+        return True
 
     async def renew(self) -> None:
         running = list(self._running())  # one begun meanwhile has a lease fresh enough

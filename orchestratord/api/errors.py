@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import logging
+import sqlite3
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from sqlalchemy.exc import DBAPIError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from contracts.bounds import UNSTORABLE
@@ -21,6 +24,9 @@ from orchestrator_core.replay import StrictReplayMismatch
 from orchestratord.api.correlation import correlation_id
 from orchestratord.api.json_keys import DuplicateKey
 from orchestratord.api.responses import JsonResponse
+from orchestratord.db.outage import unavailable
+
+log = logging.getLogger("orchestratord.api")
 
 STATUS: dict[type[E.OrchestratorError], int] = {
     DuplicateKey: 400,
@@ -46,6 +52,8 @@ STATUS: dict[type[E.OrchestratorError], int] = {
     E.Forbidden: 403,
     GateExprInvalid: 422,
     E.Cancelled: 409,
+    E.DatabaseUnavailable: 503,
+    E.StorageFull: 507,
 }
 # refused before anything ran: counted by code on /metrics
 REFUSALS = (
@@ -60,6 +68,8 @@ REFUSALS = (
     E.LimitExceeded,
     E.Unauthenticated,
     E.Forbidden,
+    E.DatabaseUnavailable,
+    E.StorageFull,
 )
 _TAG_ERRORS = frozenset({"union_tag_invalid", "union_tag_not_found"})
 # A union told apart by a tag puts the tag in an error's path, where the client wrote none: a
@@ -96,7 +106,30 @@ async def on_domain_error(request: Request, exc: Exception) -> JsonResponse:
         orch = getattr(request.app.state, "orchestrator", None)
         if orch is not None:
             orch.metrics.refusals.labels(exc.code).inc()
+    if isinstance(exc, E.DatabaseUnavailable | E.StorageFull):
+        # one line, no traceback: an outage answers every request so until it is over
+        cause = exc.__cause__
+        log.warning(
+            "%s %s: %s: %s%s",
+            request.method,
+            request.url.path,
+            exc.code,
+            exc.details.get("reason"),
+            f" ({type(cause).__name__})" if cause is not None else "",
+        )
     return error_response(status_of(exc), exc.body())
+
+
+async def on_database_error(request: Request, exc: Exception) -> JsonResponse:
+    """A driver's error that reached the API: the contract's retriable answer when it says
+    the database cannot serve (``db/outage.py``); any other is a crash, answered 500 by the
+    correlation middleware with its traceback logged."""
+    outage = unavailable(exc)
+    if outage is None:
+        raise exc
+    if outage.__cause__ is None:
+        outage.__cause__ = exc
+    return await on_domain_error(request, outage)
 
 
 def _field(loc: tuple[Any, ...], error_type: str = "") -> str:
@@ -164,5 +197,7 @@ async def on_http_error(_request: Request, exc: Exception) -> JsonResponse:
 
 def install(app: FastAPI) -> None:
     app.add_exception_handler(E.OrchestratorError, on_domain_error)
+    app.add_exception_handler(DBAPIError, on_database_error)
+    app.add_exception_handler(sqlite3.Error, on_database_error)
     app.add_exception_handler(RequestValidationError, on_validation_error)
     app.add_exception_handler(StarletteHTTPException, on_http_error)

@@ -45,6 +45,7 @@ from sqlalchemy.pool import StaticPool
 from orchestratord.db import json_codec
 from orchestratord.db.held import HeldConnections
 from orchestratord.db.inline_sqlite import InlineConnection, inline_creator, open_sqlite
+from orchestratord.db.outage import install_pg_hooks
 from orchestratord.db.prepared import (
     _PgTx,
     _SqliteTx,
@@ -174,13 +175,16 @@ class Database:
             else:
                 kwargs["connect_args"] = {"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000}
         else:
-            # Connections that broke are invalidated on their first error; no ping per checkout.
+            # Connections that broke are invalidated on their first error; no ping per checkout
+            # (one the server closed while idle is replaced then: asyncpg knows, db/outage.py).
             # Every process holds up to pool_size + max_overflow connections: keep the sum over
             # all processes under the server's max_connections (100 by default).
             kwargs.update(pool_size=pool_size, max_overflow=max_overflow, pool_timeout=30)
         self.engine: AsyncEngine = create_async_engine(self.url, **kwargs)
         if self.is_sqlite:
             _install_sqlite_hooks(self.engine)
+        else:  # connect failures as DatabaseUnavailable; closed pooled connections replaced
+            install_pg_hooks(self.engine)
         self._reader = async_sessionmaker(self.engine, expire_on_commit=False)
         # SQLite in a file: writes go to the process's one writer connection, the driver
         # transactions' too, so a session can join a transaction begun on the driver
@@ -221,6 +225,7 @@ class Database:
         self._urgent_held: HeldConnections | None = None
         if not self.is_sqlite:
             urgent = create_async_engine(self.url, **{**kwargs, "pool_size": 1, "max_overflow": 0})
+            install_pg_hooks(urgent)
             self._urgent_held = HeldConnections(urgent, 1)
         # names this process's writes (PostgreSQL wake-ups skip what the process wrote itself)
         self.origin = uuid.uuid4().hex[:16]

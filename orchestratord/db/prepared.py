@@ -49,6 +49,7 @@ from sqlalchemy.sql.visitors import iterate
 from sqlalchemy.types import TupleType
 
 from orchestratord.db.inline_sqlite import InlineConnection
+from orchestratord.db.outage import broken_protocol
 
 if TYPE_CHECKING:
     from orchestratord.tx import Tx
@@ -522,7 +523,8 @@ def _translated(
             return other, False
     if not isinstance(error, dbapi_error):
         return error, False
-    disconnect = conn.dialect.is_disconnect(error, adapted, None)
+    # (a protocol left in a state it cannot leave is a lost connection too: db/outage.py)
+    disconnect = conn.dialect.is_disconnect(error, adapted, None) or broken_protocol(error)
     wrapped = DBAPIError.instance(
         sql, params, error, dbapi_error, connection_invalidated=disconnect, dialect=conn.dialect
     )
