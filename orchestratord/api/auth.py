@@ -27,6 +27,7 @@ from orchestrator_core.keys import Principal
 from orchestrator_core.secrets import secret_param
 from orchestratord.api.asgi import header
 from orchestratord.api.errors import error_response, status_of
+from orchestratord.db.outage import unavailable
 
 PRINCIPAL = "orchestratord.principal"
 
@@ -152,7 +153,12 @@ class AuthMiddleware:
             await error_response(status_of(refused), refused.body())(scope, receive, send)
             return
         guard = orch.auth
-        if not await guard.enabled() or scope["path"] in guard.open_paths or self._is_open(scope):
+        try:
+            on = await guard.enabled()
+        except Exception as exc:  # the database is down: keys cannot be looked at
+            await self._refuse(orch, outage_of(exc), scope, receive, send)
+            return
+        if not on or scope["path"] in guard.open_paths or self._is_open(scope):
             await self.app(scope, receive, send)
             return
         raw = header(scope, b"authorization")
@@ -160,15 +166,34 @@ class AuthMiddleware:
         client = scope.get("client")
         address = str(client[0]) if client else ""
         try:
-            principal = await guard.principal_from(text, address)
+            try:
+                principal = await guard.principal_from(text, address)
+            except OrchestratorError:
+                raise
+            except Exception as exc:
+                raise outage_of(exc) from exc
             required = self._required(scope)
             if not principal.allows(required):
                 raise _forbidden(principal, required)
             orch.rates.request(principal.key_id)
         except OrchestratorError as exc:
-            orch.metrics.refusals.labels(exc.code).inc()
-            headers = {"WWW-Authenticate": "Bearer"} if isinstance(exc, Unauthenticated) else None
-            await error_response(status_of(exc), exc.body(), headers)(scope, receive, send)
+            await self._refuse(orch, exc, scope, receive, send)
             return
         scope[PRINCIPAL] = principal
         await self.app(scope, receive, send)
+
+    @staticmethod
+    async def _refuse(
+        orch: Any, exc: OrchestratorError, scope: Scope, receive: Receive, send: Send
+    ) -> None:
+        orch.metrics.refusals.labels(exc.code).inc()
+        headers = {"WWW-Authenticate": "Bearer"} if isinstance(exc, Unauthenticated) else None
+        await error_response(status_of(exc), exc.body(), headers)(scope, receive, send)
+
+
+def outage_of(exc: Exception) -> OrchestratorError:
+    """The database outage ``exc`` says (503 or 507, retriable); anything else is raised."""
+    outage = unavailable(exc)
+    if outage is None:
+        raise exc
+    return outage

@@ -32,11 +32,12 @@ _WHY = {
     "500": "INTERNAL: the correlation id locates it in the logs",
     "501": "UNSUPPORTED",
     "502": "ENGINE_ERROR or TOOL_ERROR",
-    "503": "POOL_UNAVAILABLE, NO_CAPACITY or CIRCUIT_OPEN: retriable",
+    "503": "POOL_UNAVAILABLE, NO_CAPACITY, CIRCUIT_OPEN or DATABASE_UNAVAILABLE: retriable",
+    "507": "STORAGE_FULL: the database's disk is full; retriable once space is freed",
 }
-_EVERY = ("401", "403", "422", "429", "431", "500")
+_EVERY = ("401", "403", "422", "429", "431", "500", "503")
 _WITH_BODY = ("400", "409", "413")
-_SUBMIT = ("501", "502", "503")  # steps and runs: placement, engines, admission
+_SUBMIT = ("501", "502")  # steps and runs: placement, engines
 
 
 def _statuses(method: str, path: str) -> tuple[str, ...]:
@@ -44,7 +45,7 @@ def _statuses(method: str, path: str) -> tuple[str, ...]:
     if "{" in path:
         statuses.append("404")
     if method in ("post", "put", "patch"):
-        statuses += _WITH_BODY
+        statuses += (*_WITH_BODY, "507")
         if path.endswith(("/steps", "/runs", "/provision")):  # engines met: 502, 503
             statuses += _SUBMIT
     if method == "delete":

@@ -258,3 +258,28 @@ async def test_a_burst_finding_the_cache_expired_looks_once(
     first.cancel()
     assert {p.key_id for p in await others} == {key[3:15]}
     assert reads["find"] == 2
+
+
+async def test_keys_that_cannot_be_looked_up_answer_503_not_500(
+    orch: Orchestrator, client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While the database is down the middleware cannot tell whether keys exist, nor check
+    one: it answers the outage (503, retriable, Retry-After), as every route does."""
+    from orchestrator_core.errors import DatabaseUnavailable
+
+    key = await _key(orch, Scope.READ)
+
+    async def down(*_: Any, **__: Any) -> Any:
+        raise DatabaseUnavailable("connection refused")
+
+    guard = orch.auth
+    monkeypatch.setattr(guard, "_any_key", down)
+    monkeypatch.setattr(guard, "_on_until", 0.0)
+    monkeypatch.setattr(guard, "_on", False)
+    r = await client.get("/v1/pools", headers={"Authorization": f"Bearer {key}"})
+    _assert_error(r, 503, "DATABASE_UNAVAILABLE")
+    assert r.json()["retriable"] is True and r.headers["Retry-After"]
+    monkeypatch.setattr(guard, "_on", True)  # known to be on: the key itself is looked up
+    monkeypatch.setattr(guard, "principal_from", down)
+    r = await client.get("/v1/pools", headers={"Authorization": f"Bearer {key}"})
+    _assert_error(r, 503, "DATABASE_UNAVAILABLE")
