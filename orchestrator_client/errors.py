@@ -170,7 +170,8 @@ class RateLimited(ApiError):
 
 
 class Unavailable(ApiError):
-    """503 (``POOL_UNAVAILABLE``, ``NO_CAPACITY``, ``CIRCUIT_OPEN``): retriable."""
+    """503 (``POOL_UNAVAILABLE``, ``NO_CAPACITY``, ``CIRCUIT_OPEN``,
+    ``DATABASE_UNAVAILABLE``) or 507 (``STORAGE_FULL``): retriable."""
 
 
 class UpstreamError(ApiError):
@@ -221,6 +222,8 @@ _BY_CODE: dict[str, type[ApiError]] = {
     "POOL_UNAVAILABLE": Unavailable,
     "NO_CAPACITY": Unavailable,
     "CIRCUIT_OPEN": Unavailable,
+    "DATABASE_UNAVAILABLE": Unavailable,
+    "STORAGE_FULL": Unavailable,
     "ENGINE_ERROR": UpstreamError,
     "TOOL_ERROR": UpstreamError,
     "INTERNAL": ServerError,
@@ -238,6 +241,7 @@ _BY_STATUS: dict[int, type[ApiError]] = {
     500: ServerError,
     502: UpstreamError,
     503: Unavailable,
+    507: Unavailable,
 }
 
 
