@@ -10,12 +10,12 @@ the document itself (``/openapi.json``) still asks for one while auth is on.
 
 from __future__ import annotations
 
+import html
 from importlib.resources import files
 from pathlib import Path
 
-from fastapi.openapi.docs import get_swagger_ui_html
 from starlette.requests import Request
-from starlette.responses import FileResponse, Response
+from starlette.responses import FileResponse, HTMLResponse, Response
 
 from orchestrator_core.errors import NotFound
 from orchestratord.api.auth import OpenRoute
@@ -37,18 +37,28 @@ def _base(request: Request) -> str:
     return root.rstrip("/")
 
 
+PAGE = """<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1.0">
+<link rel="stylesheet" href="{base}/docs/assets/swagger-ui.css">
+<link rel="icon" href="{base}/docs/assets/favicon.png">
+<title>{title} - Swagger UI</title>
+</head>
+<body data-openapi="{base}/openapi.json">
+<div id="swagger-ui"></div>
+<script src="{base}/docs/assets/swagger-ui-bundle.js"></script>
+<script src="{base}/ui/static/docs.js"></script>
+</body>
+</html>
+"""
+
+
 async def swagger(request: Request) -> Response:
-    base = _base(request)
-    return get_swagger_ui_html(
-        openapi_url=f"{base}/openapi.json",
-        title=f"{TITLE} - Swagger UI",
-        swagger_js_url=f"{base}/docs/assets/swagger-ui-bundle.js",
-        swagger_css_url=f"{base}/docs/assets/swagger-ui.css",
-        swagger_favicon_url=f"{base}/docs/assets/favicon.png",
-        oauth2_redirect_url=None,
-        # the online validator would send the document to another host
-        swagger_ui_parameters={"validatorUrl": None},
-    )
+    """Swagger UI; ``ui/static/docs.js`` starts it, sending the dashboard's key (if any)."""
+    base = html.escape(_base(request), quote=True)
+    return HTMLResponse(PAGE.format(base=base, title=TITLE))
 
 
 async def asset(request: Request) -> Response:

@@ -20,6 +20,7 @@ STATIC = Path(__file__).parent / "static"
 ASSETS = {
     "app.js": "text/javascript; charset=utf-8",
     "app.css": "text/css; charset=utf-8",
+    "docs.js": "text/javascript; charset=utf-8",  # starts Swagger UI on /docs
 }
 # no script or style but the two files above, and requests to this origin only: a value
 # that slipped past escaping still could not run

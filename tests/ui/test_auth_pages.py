@@ -56,5 +56,10 @@ async def test_the_page_asks_for_a_key_and_shows_runs_with_a_read_key(
     await page.click(f'#runs tr[data-run-id="{run_id}"] a >> nth=0')
     await page.wait_for_selector('body[data-page="run"] #live[data-state="live"]')
     assert await page.evaluate("sessionStorage.getItem('orchestratord.key')") == reader
+    # the API explorer of the same tab reads the document, and tries routes, with that key
+    await page.goto(f"{server}/docs")
+    await page.wait_for_selector('.opblock-summary-path[data-path="/v1/runs/{run_id}"]')
+    await page.go_back()
+    await page.wait_for_selector('body[data-page="run"] #live[data-state="live"]')
     await page.click("#forget-key")
     await form.wait_for()
