@@ -8,9 +8,13 @@ One ``orchestratord serve --engine sim --auth`` process (SQLite) with one live k
   the answer's timing does not say which ids exist.
 * **flood**: ``--flood`` connections send wrong secrets for the live key id as fast as they
   can for ``--seconds``, while one client asks ``GET /v1/runs`` with the valid key every
-  20 ms; that client's latency (p50, p99, max) against the same without the flood. Run
-  twice: with the per-address limit (``auth.max_failures_per_minute``, default) and with it
-  off (``0``), which shows the verification's own cost.
+  20 ms; that client's latency (p50, p99, max) against the same without the flood. The
+  valid key's client is a process of its own (in the flood's event loop it would time the
+  flood client's work too). Run twice: with the per-address limit
+  (``auth.max_failures_per_minute``, default; past it a request is held
+  ``auth.limited_wait_s`` before its 429), with the limit but its 429s answered at once
+  (``limited_wait_s`` 0), and with the limit off (``0``), which shows the verification's
+  own cost.
 
     .venv/bin/python bench/bad_keys.py [--flood 200] [--seconds 10] [--probes 300]
 
@@ -90,6 +94,22 @@ async def probe(base: str, key: str, seconds: float) -> list[float]:
     return times
 
 
+async def probe_process(base: str, key: str, seconds: float) -> list[float]:
+    """``probe`` in a process of its own (``--probe``): its event loop times only itself."""
+    child = await asyncio.create_subprocess_exec(
+        sys.executable,
+        __file__,
+        "--probe",
+        base,
+        key,
+        str(seconds),
+        stdout=asyncio.subprocess.PIPE,
+    )
+    out, _ = await child.communicate()
+    times: list[float] = json.loads(out)
+    return times
+
+
 async def flood(base: str, key_id: str, connections: int, seconds: float) -> int:
     sent = 0
     end = time.perf_counter() + seconds
@@ -109,12 +129,16 @@ async def flood(base: str, key_id: str, connections: int, seconds: float) -> int
     return sent
 
 
-async def sitting(a: argparse.Namespace, failures_per_minute: int | None) -> dict[str, Any]:
+async def sitting(
+    a: argparse.Namespace, failures_per_minute: int | None, wait_s: float | None = None
+) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="bad-keys-"))
     db = f"sqlite:///{tmp / 'o.db'}"
     env = {**os.environ, "ORCHESTRATORD_DATABASE_URL": db, "ORCHESTRATORD_LOG_LEVEL": "warning"}
     if failures_per_minute is not None:
         env["ORCHESTRATORD_AUTH__MAX_FAILURES_PER_MINUTE"] = str(failures_per_minute)
+    if wait_s is not None:
+        env["ORCHESTRATORD_AUTH__LIMITED_WAIT_S"] = str(wait_s)
     made = subprocess.run(
         [sys.executable, "-m", "orchestratord", "keys", "create", "--scope", "read"],
         env=env,
@@ -130,9 +154,9 @@ async def sitting(a: argparse.Namespace, failures_per_minute: int | None) -> dic
     server = Server("orchestratord", [*argv, "--port", str(port)], env, port, tmp / "s.log")
     await server.start()
     try:
-        quiet = await probe(server.base_url, key, a.seconds / 2)
+        quiet = await probe_process(server.base_url, key, a.seconds / 2)
         probes, sent = await asyncio.gather(
-            probe(server.base_url, key, a.seconds),
+            probe_process(server.base_url, key, a.seconds),
             flood(server.base_url, key_id, a.flood, a.seconds),
         )
         out: dict[str, Any] = {
@@ -152,11 +176,16 @@ async def main_async(a: argparse.Namespace) -> dict[str, Any]:
         "flood_connections": a.flood,
         "seconds": a.seconds,
         "limit_on": await sitting(a, None),
+        "limit_on_answered_at_once": await sitting(a, None, 0.0),
         "limit_off": await sitting(a, 0),
     }
 
 
 def main() -> None:
+    if sys.argv[1:2] == ["--probe"]:  # the valid key's client, in a process of its own
+        base, key, seconds = sys.argv[2], sys.argv[3], float(sys.argv[4])
+        print(json.dumps(asyncio.run(probe(base, key, seconds))))
+        return
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--flood", type=int, default=200)
     ap.add_argument("--seconds", type=float, default=10.0)

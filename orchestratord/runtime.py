@@ -113,6 +113,7 @@ class Orchestrator:
             open_paths=frozenset({"/healthz", "/metrics"} if auth.open_metrics else {"/healthz"}),
             pepper=auth.pepper,
             max_failures_per_minute=auth.max_failures_per_minute,
+            limited_wait_s=auth.limited_wait_s,
         )
         self.rates = KeyRates(
             self.db,

@@ -191,6 +191,15 @@ class AuthSettings(BaseModel):
         description="Refused keys one client address may send per minute before it gets 429"
         " (a key this process verified keeps working); 0: no limit",
     )
+    limited_wait_s: float = Field(
+        default=2.0,
+        ge=0,
+        le=60,
+        allow_inf_nan=False,
+        description="How long a request from an address past its refused keys waits before"
+        " its 429 (at most the rest of the minute): a flood's connection sends one request per"
+        " wait, not as many as the server can answer; 0: answered at once",
+    )
 
 
 class LimitSettings(BaseModel):

@@ -10,12 +10,13 @@ is checked in a thread, two at a time at most, and rewritten on its first succes
 from __future__ import annotations
 
 import asyncio
+import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
 from orchestrator_core import clock, keys
-from orchestrator_core.errors import Unauthenticated
+from orchestrator_core.errors import LimitExceeded, Unauthenticated
 from orchestrator_core.keys import Principal, Scope
 from orchestratord.auth import store
 from orchestratord.auth.failures import FailedKeys
@@ -45,10 +46,13 @@ class KeyGuard:
         open_paths: frozenset[str] = frozenset({"/healthz"}),
         pepper: str = "",
         max_failures_per_minute: int = 0,
+        limited_wait_s: float = 0.0,
     ) -> None:
         self.db = db
         self.pepper = pepper
         self.failures = FailedKeys(max_failures_per_minute)
+        self.limited_wait_s = limited_wait_s
+        self.wait = asyncio.sleep  # (tests see the waits)
         self.open_paths = open_paths
         self.required = required  # serve --auth: on even before a key exists
         self.cache_s = cache_s
@@ -92,7 +96,16 @@ class KeyGuard:
         """``principal(text)`` for a request from ``address``: an address past its refused
         keys of the minute is answered 429 unless its key was verified here before."""
         if text is not None and not self.verified(text):
-            self.failures.check(address)
+            try:
+                self.failures.check(address)
+            except LimitExceeded as exc:
+                # held before its 429: each connection of a flood sends one request a wait,
+                # and the held ones cost a sleeping task, not the loop's time; a spread
+                # wait, so the held requests do not all come back at once
+                left_s = (exc.retry_after_ms or 0) / 1000
+                spread = random.uniform(0.5, 1.0)
+                await self.wait(min(self.limited_wait_s * spread, left_s))
+                raise
         try:
             return await self.principal(text)
         except Unauthenticated:

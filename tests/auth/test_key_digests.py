@@ -102,10 +102,18 @@ async def test_an_address_sending_refused_keys_waits_and_a_verified_key_does_not
         bad = f"ok_{'0' * 12}_{'A' * 43}"
         codes = [(await client.get("/v1/runs", headers=_auth(bad))).status_code for _ in range(3)]
         assert codes == [401, 401, 401]
+        waits: list[float] = []
+
+        async def held(seconds: float) -> None:
+            waits.append(seconds)
+
+        orch.auth.wait = held  # type: ignore[assignment]
         r = await client.get("/v1/runs", headers=_auth(bad))
         assert r.status_code == 429, r.text
         assert r.json()["details"]["limit"] == "auth.max_failures_per_minute"
         assert 1 <= int(r.headers["retry-after"]) <= 60
+        # held before it was answered: a flood's connection sends one request per wait
+        assert len(waits) == 1 and 0 < waits[0] <= orch.settings.auth.limited_wait_s
         # a key verified before keeps working from the address; one never verified waits
         assert (await client.get("/v1/runs", headers=_auth(good))).status_code == 200
         assert (await client.get("/v1/runs", headers=_auth(fresh))).status_code == 429
