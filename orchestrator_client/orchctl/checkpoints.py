@@ -50,8 +50,8 @@ def register(
         doing="checkpoint of {run_id}",
         description="Store STATE (a JSON object, inline, @FILE or '-' for stdin) as a "
         "checkpoint of RUN_ID, with the server's cursors (last fact, last step, usage).",
+        ids=("run_id",),
     )
-    p.add_argument("run_id", metavar="RUN_ID")
     p.add_argument("state", metavar="STATE", help="a JSON object, e.g. '{\"turn\": 3}'")
     p.add_argument("--step-id", metavar="STEP_ID", help="the step it follows")
     add_client_token(p)
@@ -63,5 +63,5 @@ def register(
         common=common,
         help="list a run's checkpoints",
         doing="list of the checkpoints of {run_id}",
+        ids=("run_id",),
     )
-    p.add_argument("run_id", metavar="RUN_ID")

@@ -273,9 +273,11 @@ def add_command(
     doing: Doing,
     description: str | None = None,
     json_help: str = "print the answer as JSON (the model's fields) and nothing else",
+    ids: tuple[str, ...] = (),
 ) -> argparse.ArgumentParser:
     """A leaf command: its handler, its ``--json`` flag, the common options and the exit
-    status in its ``--help``."""
+    status in its ``--help``; ``ids`` are its first positional arguments (``run_id`` is
+    given as ``RUN_ID``)."""
     parser = sub.add_parser(
         name,
         parents=[common],
@@ -284,6 +286,8 @@ def add_command(
         epilog=EXIT_STATUS,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    for name in ids:
+        parser.add_argument(name, metavar=name.upper())
     parser.add_argument("--json", action="store_true", help=json_help)
     parser.set_defaults(handler=handler, doing=doing)
     return parser

@@ -60,8 +60,8 @@ def register(
         doing="add of a {type} fact to {run_id}",
         description="Append a fact of TYPE to RUN_ID; DATA is any JSON but null (inline, "
         "@FILE or '-' for stdin). A flow's fact_schemas check it.",
+        ids=("run_id",),
     )
-    p.add_argument("run_id", metavar="RUN_ID")
     p.add_argument("type", metavar="TYPE")
     p.add_argument("data", metavar="DATA", help="JSON, e.g. '{\"answer\": 42}'")
     p.add_argument("--schema-uri", metavar="URI")

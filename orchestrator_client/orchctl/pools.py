@@ -117,8 +117,8 @@ def register(
         common=common,
         help="print a pool and its replicas",
         doing="get of pool {pool_id}",
+        ids=("pool_id",),
     )
-    p.add_argument("pool_id", metavar="POOL_ID")
 
     for verb, drain, text in (
         ("drain", True, "stop placing steps on a replica; its running steps finish (admin)"),
@@ -180,5 +180,5 @@ def register(
         help="remove a pool made through the API; a provisioned pool's engines stop (admin)",
         doing="delete of pool {pool_id}",
         json_help='print {"pool_id", "deleted": true}',
+        ids=("pool_id",),
     )
-    p.add_argument("pool_id", metavar="POOL_ID")

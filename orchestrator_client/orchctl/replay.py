@@ -274,8 +274,8 @@ def register(
         doing="export of {run_id}",
         description="Write the export bundle of RUN_ID (JSON) to FILE (default: stdout).",
         json_help="accepted for symmetry: the bundle is JSON either way",
+        ids=("run_id",),
     )
-    p.add_argument("run_id", metavar="RUN_ID")
     p.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout")
 
     p = add_command(

@@ -96,8 +96,8 @@ def register(
         doing="create of a run of {flow_id}",
         description="Start a run of FLOW_ID and print it. The body is --body's file (a "
         "RunCreate JSON object) with each flag given over it.",
+        ids=("flow_id",),
     )
-    p.add_argument("flow_id", metavar="FLOW_ID")
     p.add_argument("--body", metavar="FILE", help="the request as JSON ('-' for stdin)")
     p.add_argument("--mode", choices=["record", "replay", "strict_replay"])
     p.add_argument("--seed", type=int, help="the run's seed (default: the server draws one)")
@@ -134,8 +134,8 @@ def register(
         common=common,
         help="print a run: status, seed, budgets and their usage",
         doing="get of run {run_id}",
+        ids=("run_id",),
     )
-    p.add_argument("run_id", metavar="RUN_ID")
 
     watch.register(verbs, common)
 
@@ -148,8 +148,8 @@ def register(
         doing="complete of run {run_id}",
         description="End RUN_ID: no more steps or facts. Its stream sends run_end after its "
         "last step ends. Repeating it answers the same run.",
+        ids=("run_id",),
     )
-    p.add_argument("run_id", metavar="RUN_ID")
     p.add_argument("--status", choices=["succeeded", "failed"], default="succeeded")
     p.add_argument("--output", metavar="JSON", help="the run's output: a JSON object, @FILE or '-'")
 
@@ -160,8 +160,8 @@ def register(
         common=common,
         help="cancel every live step and end the run cancelled; safe to repeat",
         doing="cancel of run {run_id}",
+        ids=("run_id",),
     )
-    p.add_argument("run_id", metavar="RUN_ID")
 
     p = add_command(
         verbs,
@@ -170,9 +170,8 @@ def register(
         common=common,
         help="start a new record run from a checkpoint of a run",
         doing="fork of run {run_id} at {checkpoint_id}",
+        ids=("run_id", "checkpoint_id"),
     )
-    p.add_argument("run_id", metavar="RUN_ID")
-    p.add_argument("checkpoint_id", metavar="CHECKPOINT_ID")
     add_client_token(p)
 
     replay.register(verbs, common)

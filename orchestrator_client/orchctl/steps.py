@@ -163,8 +163,8 @@ def register(
         "  --gate EXPR [--wait-ms MS]\n"
         "With --follow, its tokens are printed as they stream (exit 1 if it fails).",
         json_help="print the answer as JSON; with --follow, every event as a JSON line",
+        ids=("run_id",),
     )
-    p.add_argument("run_id", metavar="RUN_ID")
     p.add_argument("file", metavar="FILE", nargs="?", help="the step request as JSON")
     p.add_argument("--llm-call", metavar="PROMPT", help="an llm_call of PROMPT")
     p.add_argument("--max-tokens", type=int, default=256, metavar="N", help="default: 256")
@@ -187,8 +187,8 @@ def register(
         common=common,
         help="list a run's steps by position",
         doing="list of the steps of {run_id}",
+        ids=("run_id",),
     )
-    p.add_argument("run_id", metavar="RUN_ID")
 
     p = add_command(
         verbs,
@@ -197,8 +197,8 @@ def register(
         common=common,
         help="print a step: status, output, usage, placement",
         doing="get of step {step_id}",
+        ids=("step_id",),
     )
-    p.add_argument("step_id", metavar="STEP_ID")
 
     p = add_command(
         verbs,
@@ -207,8 +207,8 @@ def register(
         common=common,
         help="cancel a step (a running one winds down); safe to repeat",
         doing="cancel of step {step_id}",
+        ids=("step_id",),
     )
-    p.add_argument("step_id", metavar="STEP_ID")
 
     p = add_command(
         verbs,
@@ -221,6 +221,6 @@ def register(
         "on stdout as they come, how it ended on stderr. Exit 1 when it ended in error or "
         "was cancelled.",
         json_help="print every event as one JSON object a line",
+        ids=("step_id",),
     )
-    p.add_argument("step_id", metavar="STEP_ID")
     p.add_argument("--after", metavar="EVENT_ID", help="start after this event id (seq)")

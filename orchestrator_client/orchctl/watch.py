@@ -393,8 +393,8 @@ def register(
         "stream starts at the run's beginning, so an ended run shows how it went.\n"
         "Exit 0 when the run succeeded, 1 when it failed or was cancelled.",
         json_help="print every event of the run's stream as one JSON object a line",
+        ids=("run_id",),
     )
-    p.add_argument("run_id", metavar="RUN_ID")
     p.add_argument(
         "--plain", action="store_true", help="plain lines even on a terminal (for a log)"
     )
