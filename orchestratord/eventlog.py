@@ -442,20 +442,23 @@ def expand(rows: Sequence[Any]) -> list[LogEvent]:
 
 
 def _window(key: Any, cursor: Any) -> Any:
+    # the rows holding cursors ``cursor .. upto - 1``: a row starts at most ``MAX_SPAN - 1``
+    # before the first (``low``), so the unique index on (key, cursor) serves it as one range
     return (
         key == sa.bindparam("key"),
         cursor >= sa.bindparam("low"),
+        cursor < sa.bindparam("upto"),
         cursor + Event.span > sa.bindparam("cursor"),
     )
 
 
-_STEP_READ = (
+_STEP_READ = Prepared(
     sa.select(*EVENT_COLUMNS)
     .where(*_window(Event.step_id, Event.seq))
     .order_by(Event.seq)
     .limit(sa.bindparam("limit", type_=sa.Integer))
 )
-_RUN_READ = (
+_RUN_READ = Prepared(
     sa.select(*EVENT_COLUMNS)
     .where(*_window(Event.run_id, Event.run_seq))
     .order_by(Event.run_seq)
@@ -463,22 +466,56 @@ _RUN_READ = (
 )
 
 
-async def _read(db: Database, stmt: Any, key: str, cursor: int, limit: int) -> list[Any]:
-    params = {"key": key, "low": cursor - MAX_SPAN + 1, "cursor": cursor, "limit": limit}
+async def _read(db: Database, stmt: Prepared, key: str, cursor: int, limit: int) -> list[Any]:
+    # ``limit`` events lie in at most ``limit`` rows, and one more that starts before them;
+    # on the driver: a stream catching up reads a page at a time, and through the session
+    # the statement's own cost was a fifth of a catch-up's CPU
+    params = {
+        "key": key,
+        "low": cursor - MAX_SPAN + 1,
+        "cursor": cursor,
+        "upto": cursor + limit,
+        "limit": limit + 1,
+    }
     async with db.read() as session:
-        return list((await session.execute(stmt, params)).all())
+        return await stmt.rows(session, params)
+
+
+def _page(rows: Sequence[Any], start: int, limit: int, *, by_run: bool) -> list[LogEvent]:
+    """The events with cursors ``start .. start + limit - 1`` of ``rows``: a page of the log.
+    A coalesced row is split, and only the events of the page are made (a row of 256
+    tokens may start before the page, or reach past it)."""
+    end = start + limit
+    out: list[LogEvent] = []
+    for run_id, run_seq, step_id, seq, etype, data, span in rows:
+        first = run_seq if by_run else seq
+        if span == 1:
+            if start <= first < end:
+                out.append(LogEvent(run_id, step_id, seq, etype, data.encode(), run_seq))
+            continue
+        lo, hi = max(0, start - first), min(span, end - first)
+        if lo >= hi:
+            continue
+        parts = data.encode().split(b"\n")[lo:hi]
+        out += [
+            LogEvent(run_id, step_id, seq + k, etype, part, run_seq + k)
+            for k, part in enumerate(parts, lo)
+        ]
+    return out
 
 
 async def read_step_events(db: Database, step_id: str, from_seq: int, limit: int) -> list[LogEvent]:
-    events = expand(await _read(db, _STEP_READ, step_id, from_seq, limit))
-    return [ev for ev in events if (ev.seq or 0) >= from_seq] if events else events
+    """At most ``limit`` of the step's events, from ``from_seq`` on, in one query."""
+    rows = await _read(db, _STEP_READ, step_id, from_seq, limit)
+    return _page(rows, from_seq, limit, by_run=False)
 
 
 async def read_run_events(
     db: Database, run_id: str, from_run_seq: int, limit: int
 ) -> list[LogEvent]:
-    events = expand(await _read(db, _RUN_READ, run_id, from_run_seq, limit))
-    return [ev for ev in events if ev.run_seq >= from_run_seq] if events else events
+    """At most ``limit`` of the run's events, from ``from_run_seq`` on, in one query."""
+    rows = await _read(db, _RUN_READ, run_id, from_run_seq, limit)
+    return _page(rows, from_run_seq, limit, by_run=True)
 
 
 async def read_all_step_events(session: AsyncSession, step_id: str) -> list[LogEvent]:

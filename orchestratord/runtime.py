@@ -59,7 +59,10 @@ class Orchestrator:
             max_overflow=settings.db_max_overflow,
         )
         self.lock = SingleProcessLock.for_url(settings.database_url)
-        self.hub = Hub(buffer_events=settings.stream.buffer_events)
+        self.hub = Hub(
+            buffer_events=settings.stream.buffer_events,
+            catch_up_turns=1 if self.db.is_sqlite else 4,
+        )
         self.wakeups = (
             None
             if self.db.is_sqlite

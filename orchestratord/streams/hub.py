@@ -150,9 +150,22 @@ def _run_cursor(ev: LogEvent) -> int:
 
 class Hub:
     def __init__(
-        self, *, buffer_events: int = 4096, retain_steps: int = 1024, retain_events: int = 65536
+        self,
+        *,
+        buffer_events: int = 4096,
+        retain_steps: int = 1024,
+        retain_events: int = 65536,
+        catch_up_turns: int = 1,
     ) -> None:
         self._buffer = buffer_events
+        # Turns at catching up (``streams/sse.py``): a stream reads a page of the log, or
+        # encodes a full page of its tail, in a turn, first come first served. However many
+        # streams are behind, ``catch_up_turns`` pages are in hand at once, so the loop gets
+        # back to everything else (requests, live streams, the writer) after that many pages,
+        # not after a page of every stream. One where reads run inline on the loop (SQLite:
+        # a second could not overlap the first); a few where they wait on the network
+        # (PostgreSQL), which also leaves the pool's other connections to requests.
+        self.turns = asyncio.Semaphore(catch_up_turns)
         self._steps: dict[str, Channel] = {}
         self._runs: dict[str, Channel] = {}
         # ended steps' whole channels, oldest first, with the events each held when kept:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import operator
 from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import partial
 from typing import Protocol, TypedDict, TypeVar
@@ -33,6 +34,10 @@ KEEPALIVE = b": keep-alive\n\n"
 # streams' keep-alives together, not once for each stream (10,000 idle streams at the default
 # 15 s: 4.5% -> 2.4% of a core)
 KEEPALIVE_GRID_S = 0.25
+# a page of catching up carries at most this much event data (and ``read_batch`` events): what
+# a stream holds in memory beyond its socket's buffers while its client does not read
+PAGE_BYTES = 256 * 1024
+_DATA = operator.attrgetter("data")
 EndedBefore = Callable[[int], Awaitable[bool]]
 _IDLE_WAIT_S = 300.0  # a caught-up follower that every relevant commit wakes looks anyway
 Frame = TypeVar("Frame")
@@ -70,6 +75,7 @@ async def _follow(
     keepalive: Frame | None,
     ended_before: EndedBefore | None = None,
     narrate: Narrator[Frame] | None = None,
+    turns: asyncio.Semaphore | None = None,
 ) -> AsyncIterator[Frame]:
     # The log is read at the start, when the live tail cannot serve the cursor, when another
     # process poked the channel (it appended here), and after a quiet wait of ``poll_s``.
@@ -79,8 +85,17 @@ async def _follow(
     # the end, or the cursor was past it);
     # the response iterates this generator itself: a wrapper generator would cost every
     # frame and every keep-alive a step more.
+    # Catching up goes a page at a time (``batch`` events, at most ``PAGE_BYTES``): each
+    # read of the log, and each full page of the tail, in one of the process's ``turns``
+    # (``Hub.turns``; without them, turns of its own), and the loop runs its other ready
+    # callbacks after each full page sent. A page is all a stream holds beyond its socket's
+    # buffers: the response's send waits for a slow client's socket to drain, and meanwhile
+    # the follower reads nothing more (no event is dropped: it goes on at its cursor, from
+    # the tail or from the log).
     # the channel's poke count at our last read of the log; -1: read now (a whole channel
     # holds what the log holds while its tail reaches back to the cursor)
+    if turns is None:
+        turns = asyncio.Semaphore()
     channel = subscribe()  # on the first frame asked for: a stream never started holds none
     ended = False
     try:
@@ -91,27 +106,44 @@ async def _follow(
         while True:
             if channel.closed:  # shutting down: the client resumes elsewhere at its cursor
                 return
-            events = channel.take(cursor, batch)
-            if events == [] and channel.ended_before(cursor):
+            taken = channel.take(cursor, batch)
+            if taken == [] and channel.ended_before(cursor):
                 ended = True  # resumed after the terminal event: nothing follows
                 return
-            if events is None or (not events and seen != channel.foreign):
+            frame: Frame | None = None
+            if taken is None or (not taken and seen != channel.foreign):
                 seen = channel.foreign
-                events = await read(cursor, batch)
-                if len(events) >= batch:  # the log may hold more: the tail cannot tell, read on
+                async with turns:
+                    events, full = _bounded(await read(cursor, batch), batch)
+                    if events:
+                        frame = encode(events)
+                if full:  # the log may hold more: the tail cannot tell, read on
                     seen = -1
                 if not events and ended_before is not None and await ended_before(cursor):
                     ended = True  # resumed after the terminal event: nothing follows
                     return
-            if events:
-                yield encode(events)
+            else:
+                events, full = _bounded(taken, batch)
+                if full:  # far behind the tail's end: a page of catching up, in a turn
+                    async with turns:
+                        frame = encode(events)
+                elif events:
+                    frame = encode(events)
+            if frame is not None:
+                last = events[-1]
+                # while the frame is sent (a slow client's socket: as long as it takes), the
+                # stream holds its bytes alone, not the page's hundreds of events: objects
+                # that the collector would otherwise walk, for every stream that waits
+                del events, taken
+                yield frame
                 ping_at = keepalive_due(clock(), keepalive_s)
                 look_at = None
-                last = events[-1]
                 cursor = (last.run_seq if run_cursor else (last.seq or 0)) + 1
                 if last.terminal if not run_cursor else last.type == RUN_END:
                     ended = True
                     return
+                if full:  # the loop's other ready work goes before the next page
+                    await asyncio.sleep(0)
                 continue
             # a queued step is told where it waits after a quiet wait (not at the start: most
             # steps start at once, and a stream's start is on the time-to-first-token path)
@@ -137,6 +169,18 @@ async def _follow(
                 ping_at = keepalive_due(clock(), keepalive_s)
     finally:
         on_close(channel, ended)
+
+
+def _bounded(events: list[LogEvent], batch: int) -> tuple[list[LogEvent], bool]:
+    """The events of one page (at most ``PAGE_BYTES`` of data, one event at least), and
+    whether it is full: more may follow at once."""
+    if len(events) > 1 and sum(map(len, map(_DATA, events))) > PAGE_BYTES:
+        size = 0
+        for i, ev in enumerate(events):
+            size += len(ev.data)
+            if size > PAGE_BYTES:
+                return events[: max(i, 1)], True
+    return events, len(events) >= batch
 
 
 def keepalive_due(now: float, keepalive_s: float) -> float:
@@ -187,6 +231,7 @@ class _Pacing(TypedDict):
     batch: int
     poll_s: float
     keepalive_s: float
+    turns: asyncio.Semaphore
 
 
 def _pacing(orch: Orchestrator) -> _Pacing:
@@ -196,6 +241,7 @@ def _pacing(orch: Orchestrator) -> _Pacing:
         "batch": settings.read_batch,
         "poll_s": _poll_s(orch),
         "keepalive_s": settings.keepalive_s,
+        "turns": orch.hub.turns,
     }
 
 

@@ -142,7 +142,11 @@ def test_public_api_converters_are_those_sqlalchemy_applies(dialect: Dialect) ->
         compiled: Any = stmt.stmt.compile(dialect=dialect)  # type: ignore[attr-defined]
         theirs = compiled._bind_processors
         for (key, _, _, processor), name in zip(ours.params, compiled.positiontup, strict=True):
-            assert key == compiled.binds[name].key
+            bind = compiled.binds[name]
+            if bind.key.startswith("%("):  # made by the compilation (SQLite's OFFSET 0):
+                assert key.startswith("%("), (key, bind.key)  # named anew by each one
+            else:
+                assert key == bind.key
             assert _same(processor, theirs.get(name)), (stmt.stmt, name)
         types = [entry.type for entry in compiled._result_columns]
         assert [repr(t) for t in ours._types] == [repr(t) for t in types], stmt.stmt
