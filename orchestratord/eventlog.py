@@ -32,10 +32,11 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.types import TypeEngine, UserDefinedType
 
 from contracts.events import EventBase, NarrationEvent
-from orchestrator_core.errors import Conflict, NotFound
+from orchestrator_core.errors import Conflict, DatabaseUnavailable, NotFound
 from orchestrator_core.event_order import TERMINAL_TYPES, EventOrder, EventType
 from orchestratord.db.engine import Database
 from orchestratord.db.models import Event, Run
+from orchestratord.db.outage import described, unavailable
 from orchestratord.db.prepared import (
     Prepared,
     dialect_of,
@@ -674,9 +675,11 @@ class EventWriter:
         *,
         max_pending: int = 20000,
         retries: int = 3,
+        outage_s: float = 60.0,
         observe: Callable[[int, float], None] | None = None,
     ) -> None:
         self.db = db
+        self.outage_s = outage_s  # how long a commit waits for an unavailable database
         self._observe = observe  # (events, seconds) of each commit
         self._publish = publish
         self._max_pending = max_pending
@@ -763,7 +766,8 @@ class EventWriter:
     async def _commit(self, batch: _Batch) -> None:
         began = time.perf_counter()
         unsure = False  # an attempt failed where it may have committed
-        for attempt in range(self._retries + 1):
+        attempt = waits = 0
+        while True:
             try:
                 found = await _as_committed(self.db, batch) if unsure else None
                 if found is not None:
@@ -782,13 +786,18 @@ class EventWriter:
                 self._poison(batch, exc)
                 return
             except Exception as exc:
+                # a lost connection says nothing of whether the commit reached the database
+                unsure = True
+                if self._outlasts(exc, began, waits):  # down, restarting: wait for it
+                    waits += 1
+                    await asyncio.sleep(min(1.0, 0.05 * 2**waits))
+                    continue
                 if attempt == self._retries:
                     log.exception("event log commit failed; %d events lost", len(batch.events))
                     self._poison(batch, exc)
                     return
-                # a lost connection says nothing of whether the commit reached the database
-                unsure = True
                 await asyncio.sleep(0.05 * 2**attempt)
+                attempt += 1
         self.commits += 1
         if self._observe is not None:
             self._observe(len(committed), time.perf_counter() - began)
@@ -796,6 +805,19 @@ class EventWriter:
         for _, fut in batch.waiters:
             if not fut.done():
                 fut.set_result(None)
+
+    def _outlasts(self, exc: Exception, began: float, waits: int) -> bool:
+        """Whether a commit that failed with ``exc`` waits for the database: it is
+        unavailable (``db/outage.py``) and has been for less than ``outage_s``. Its events
+        are kept meanwhile (producers wait once ``max_pending`` are queued), so a step that
+        streams through an outage goes on once the database is back."""
+        if not isinstance(unavailable(exc), DatabaseUnavailable):
+            return False
+        if time.perf_counter() - began >= self.outage_s:
+            return False
+        if waits == 0:
+            log.warning("database unavailable (%s): events wait for it", described(exc))
+        return True
 
     async def _transaction(self, batch: _Batch) -> list[LogEvent]:
         """The batch in one transaction; the events committed."""

@@ -160,3 +160,31 @@ async def test_a_lost_round_that_ended_its_run_hands_on_the_run_end(
     assert [int(e.id or -1) for e in events] == [ev.run_seq for ev in in_run]
     # handed on once each, the run_end too (its engine sessions are closed on it)
     assert _handed_on(caplog, run_id) == [(ev.run_seq, ev.type) for ev in in_run]
+
+
+async def test_events_wait_for_a_database_that_is_unavailable(
+    client: httpx.AsyncClient, orch: Orchestrator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Down for more rounds than the writer's retries (a restart, a failover): the commits
+    wait for it instead of giving the step up, and the step ends succeeded with every event
+    once. (More failures than ``retries`` of any other kind lose the step's events.)"""
+    from orchestrator_core.errors import DatabaseUnavailable
+
+    real = EventWriter._transaction
+    refused: list[int] = []
+
+    async def down_for_a_while(self: EventWriter, batch: Any) -> Any:
+        if any(ev.type == "token" for ev in batch.events) and len(refused) < 5:
+            refused.append(len(batch.events))
+            raise DatabaseUnavailable("connection refused")
+        return await real(self, batch)
+
+    monkeypatch.setattr(EventWriter, "_transaction", down_for_a_while)
+    run_id = await make_run(client)
+    step_id = (await submit(client, run_id, max_tokens=TOKENS)).json()["step_id"]
+    step = await wait_status(client, step_id, "succeeded", "failed")
+    assert len(refused) == 5 > orch.writer._retries
+    assert step["status"] == "succeeded", step.get("error")
+    assert not orch.writer.failed_steps
+    stored = await stored_events(orch.db, step_id=step_id)
+    assert [ev.seq for ev in stored] == list(range(TOKENS + 3))
