@@ -104,7 +104,8 @@ class Dispatcher:
             self._stopping = True
             self._wake.set()
             try:
-                await asyncio.wait_for(asyncio.shield(self._task), grace_s)
+                async with asyncio.timeout(grace_s):
+                    await asyncio.shield(self._task)
             except TimeoutError:
                 await cancel_and_wait(self._task)
         for execution in list(self.executions.values()):
@@ -147,7 +148,8 @@ class Dispatcher:
     async def _loop(self) -> None:
         while not self._stopping:
             try:
-                await asyncio.wait_for(self._wake.wait(), self.poll_s)
+                async with asyncio.timeout(self.poll_s):
+                    await self._wake.wait()
             except TimeoutError:
                 self._quiet_poll()
             self._wake.clear()

@@ -175,7 +175,8 @@ async def stop(handle: Tracing | None) -> None:
 
     threading.Thread(target=shutdown, name="otlp-shutdown", daemon=True).start()
     with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(done, SHUTDOWN_S)
+        async with asyncio.timeout(SHUTDOWN_S):
+            await done
 
 
 def _resolve(future: asyncio.Future[None]) -> None:

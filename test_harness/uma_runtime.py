@@ -264,7 +264,8 @@ class UmaSession:
     async def serve(self) -> None:
         config = self.runtime.config
         try:
-            frame = await asyncio.wait_for(self.frames.next(), config.idle_timeout_s)
+            async with asyncio.timeout(config.idle_timeout_s):
+                frame = await self.frames.next()
             while frame is not None and frame.get("event") == "cancel":
                 frame = await self.frames.next()  # nothing in flight to cancel
         except FrameError as exc:

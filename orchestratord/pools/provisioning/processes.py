@@ -102,8 +102,9 @@ class EngineProcess:
                         return
                 if loop.time() >= deadline:
                     raise self._failed(f"not healthy after {timeout_s:g} s")
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(self.process.wait(), HEALTH_POLL_S)
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(HEALTH_POLL_S):
+                        await self.process.wait()
 
     def _failed(self, why: str) -> PoolUnavailable:
         return PoolUnavailable(
@@ -128,7 +129,8 @@ class EngineProcess:
         with contextlib.suppress(ProcessLookupError):
             process.terminate()
         try:
-            await asyncio.wait_for(process.wait(), STOP_GRACE_S)
+            async with asyncio.timeout(STOP_GRACE_S):
+                await process.wait()
         except TimeoutError:
             with contextlib.suppress(ProcessLookupError):
                 process.kill()
