@@ -16,6 +16,7 @@ from typing import Protocol, TypedDict, TypeVar
 
 import orjson
 
+from orchestratord.db.outage import unavailable
 from orchestratord.eventlog import (
     RUN_END,
     LogEvent,
@@ -37,6 +38,8 @@ KEEPALIVE_GRID_S = 0.25
 # a page of catching up carries at most this much event data (and ``read_batch`` events): what
 # a stream holds in memory beyond its socket's buffers while its client does not read
 PAGE_BYTES = 256 * 1024
+# a stream whose read found the database unavailable reads again this often (at most)
+OUTAGE_RETRY_S = 0.5
 _DATA = operator.attrgetter("data")
 EndedBefore = Callable[[int], Awaitable[bool]]
 _IDLE_WAIT_S = 300.0  # a caught-up follower that every relevant commit wakes looks anyway
@@ -111,15 +114,22 @@ async def _follow(
                 ended = True  # resumed after the terminal event: nothing follows
                 return
             frame: Frame | None = None
+            away = False  # the database could not be read (down, restarting)
             if taken is None or (not taken and seen != channel.foreign):
                 seen = channel.foreign
                 async with turns:
-                    events, full = _bounded(await read(cursor, batch), batch)
+                    try:
+                        events, full = _bounded(await read(cursor, batch), batch)
+                    except Exception as exc:
+                        if unavailable(exc) is None:
+                            raise
+                        events, full, away = [], False, True  # read again after a wait
                     if events:
                         frame = encode(events)
                 if full:  # the log may hold more: the tail cannot tell, read on
                     seen = -1
-                if not events and ended_before is not None and await ended_before(cursor):
+                told = not (events or away) and ended_before is not None
+                if told and ended_before is not None and await ended_before(cursor):
                     ended = True  # resumed after the terminal event: nothing follows
                     return
             else:
@@ -149,6 +159,8 @@ async def _follow(
             # steps start at once, and a stream's start is on the time-to-first-token path)
             waiting = narrate if narrate is not None and narrate.active else None
             quiet = poll_s if waiting is None else min(poll_s, waiting.poll_s)
+            if away:  # keep-alives go on meanwhile; the client keeps its connection
+                quiet, look_at = min(quiet, OUTAGE_RETRY_S), None
             now = clock()
             if now >= ping_at:
                 if keepalive is not None:

@@ -266,3 +266,36 @@ async def test_a_reader_that_does_not_read_holds_up_nothing_and_then_gets_every_
     assert [e.id for e in got] == [str(i) for i in range(len(got))]  # in order, no gap, once
     assert [e.event for e in got].count("token") == tokens and got[-1].event == "end"
     assert [e.data["i"] for e in got if e.event == "token" and e.data] == list(range(tokens))
+
+
+@pytest.mark.parametrize("kind", ["step", "run"])
+async def test_a_stream_whose_reads_meet_a_database_outage_waits_and_goes_on(
+    db_url: str, kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The log cannot be read for a while (the database restarting): the stream keeps its
+    connection, reads again after a short wait, and sends every event once, in order, in
+    one response (no reset for the client to resume from)."""
+    from orchestrator_core.errors import DatabaseUnavailable
+
+    async with served(db_url, buffer_events=16) as (_, client):
+        run_id = await make_run(client)
+        step_id = (await submit(client, run_id, max_tokens=TOKENS)).json()["step_id"]
+        await wait_status(client, step_id, "succeeded")
+        await client.post(f"/v1/runs/{run_id}/complete", json={"status": "succeeded"})
+        refused: list[int] = []
+        name = "read_step_events" if kind == "step" else "read_run_events"
+        real = getattr(sse, name)
+
+        async def away_then_back(db: Any, key: str, cursor: int, limit: int) -> Any:
+            if cursor > 0 and len(refused) < 3:  # after the first page: mid-stream
+                refused.append(cursor)
+                raise DatabaseUnavailable("connection refused")
+            return await real(db, key, cursor, limit)
+
+        monkeypatch.setattr(sse, name, away_then_back)
+        path = f"/v1/steps/{step_id}/stream" if kind == "step" else f"/v1/runs/{run_id}/stream"
+        events = await read_stream(client, path)
+    assert len(refused) == 3
+    ids = [int(e.id) for e in events if e.id is not None]
+    assert ids == list(range(len(ids))) and len(ids) >= TOKENS + 3
+    assert events[-1].event == ("end" if kind == "step" else "run_end")
