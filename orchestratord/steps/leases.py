@@ -212,7 +212,8 @@ async def reap(tx: Tx, step: Step, terms: LeaseTerms, price_of: PriceOf) -> bool
         tx,
         step=step,
         code=WORKER_LOST,
-        message=f"the process running this step ({held_by}) was lost; {why}",
+        message=f"the process running this step ({held_by}) was lost, or kept from the "
+        f"database past its lease; {why}",
         price=price_of(step, run) if run is not None else None,
         logged=logged,
     )
