@@ -191,7 +191,7 @@ async def test_a_pool_created_through_one_process_is_served_by_another(
                 "engine": "openai",
                 "replicas": [{**gpu["replicas"][0], "replica_id": "s1", "slots": 2}],
             }
-            for key in ("busy", "free", "state", "capabilities", "health"):
+            for key in ("busy", "free", "state", "breaker", "capabilities", "health"):
                 pool["replicas"][0].pop(key)
             r = await a.post("/v1/pools", json=pool)
             assert r.status_code == 201, r.text
