@@ -154,12 +154,17 @@ async def client(orch: Orchestrator) -> AsyncIterator[httpx.AsyncClient]:
 
 
 @pytest.fixture
-async def live(orch: Orchestrator) -> AsyncIterator[httpx.AsyncClient]:
+async def server_url(orch: Orchestrator) -> AsyncIterator[str]:
+    """``orch`` served on a loopback port, in this event loop; its base URL (the SDK's and
+    orchctl's tests talk to it as users do)."""
+    async with serve_app(create_app(orchestrator=orch)) as url:
+        yield url
+
+
+@pytest.fixture
+async def live(server_url: str) -> AsyncIterator[httpx.AsyncClient]:
     """A real HTTP server on a loopback port, in this event loop, and a client for it."""
-    async with (
-        serve_app(create_app(orchestrator=orch)) as url,
-        httpx.AsyncClient(base_url=url, timeout=30) as c,
-    ):
+    async with httpx.AsyncClient(base_url=server_url, timeout=30) as c:
         yield c
 
 

@@ -6,34 +6,16 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
-
-import pytest
 
 from examples.agent_loop import APPROVED, agent_loop
 from orchestrator_client import AsyncClient
-from orchestratord.api.app import create_app
-from orchestratord.runtime import Orchestrator
-from test_harness.servers import serve_app
-from tests.conftest import make_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture
-async def server(db_url: str) -> AsyncIterator[str]:
-    orch = Orchestrator(make_settings(db_url))
-    await orch.start()
-    try:
-        async with serve_app(create_app(orchestrator=orch)) as url:
-            yield url
-    finally:
-        await orch.stop()
-
-
-async def test_the_agent_loop_runs_to_its_end(server: str) -> None:
-    async with AsyncClient(server) as client:
+async def test_the_agent_loop_runs_to_its_end(server_url: str) -> None:
+    async with AsyncClient(server_url) as client:
         outcome = await agent_loop(client)
         assert (outcome.status, outcome.fork_status) == ("succeeded", "succeeded")
         assert outcome.plan_text and outcome.gate_passed
@@ -54,11 +36,11 @@ async def test_the_agent_loop_runs_to_its_end(server: str) -> None:
         assert gate.input["expr"] == APPROVED
 
 
-async def test_the_example_runs_as_a_program(server: str) -> None:
+async def test_the_example_runs_as_a_program(server_url: str) -> None:
     program = await asyncio.create_subprocess_exec(
         sys.executable,
         str(ROOT / "examples" / "agent_loop.py"),
-        server,
+        server_url,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
         cwd=ROOT,

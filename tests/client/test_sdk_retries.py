@@ -11,7 +11,7 @@ transport; the errors come from a real server.)
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,10 +34,6 @@ from orchestrator_client import (
     steps,
 )
 from orchestrator_client.errors import RateLimited, Unauthenticated
-from orchestratord.api.app import create_app
-from orchestratord.runtime import Orchestrator
-from test_harness.servers import serve_app
-from tests.conftest import make_settings
 
 ERROR: dict[str, Any] = {"message": "busy", "details": {}, "retry_after_ms": None}
 
@@ -145,17 +141,6 @@ class LoseAnswers(httpx.AsyncBaseTransport):
         await self.inner.aclose()
 
 
-@pytest.fixture
-async def server(tmp_path: Path) -> AsyncIterator[str]:
-    orch = Orchestrator(make_settings(f"sqlite:///{tmp_path / 'retries.db'}"))
-    await orch.start()
-    try:
-        async with serve_app(create_app(orchestrator=orch)) as url:
-            yield url
-    finally:
-        await orch.stop()
-
-
 Write = Callable[[AsyncClient, str], Any]
 
 
@@ -169,14 +154,14 @@ Write = Callable[[AsyncClient, str], Any]
     ids=["fact", "checkpoint", "step"],
 )
 async def test_a_write_whose_answer_was_lost_is_stored_once(
-    server: str, write: Write, listing: str
+    server_url: str, write: Write, listing: str
 ) -> None:
-    async with AsyncClient(server) as setup:
+    async with AsyncClient(server_url) as setup:
         flow = await setup.create_flow({"ast": {"program": "lost"}})
         run = await setup.create_run(flow.flow_id)
     lossy = LoseAnswers(lose=2)
     retry = Retry(backoff_s=0.01)
-    async with AsyncClient(server, transport=lossy, retry=retry) as client:
+    async with AsyncClient(server_url, transport=lossy, retry=retry) as client:
         await write(client, run.run_id)
         stored = await getattr(client, f"list_{listing}")(run.run_id)
     assert len(lossy.posts) == 3  # the first try and two retries
@@ -185,11 +170,11 @@ async def test_a_write_whose_answer_was_lost_is_stored_once(
     assert len(stored) == 1
 
 
-async def test_a_run_whose_answer_was_lost_is_created_once(server: str) -> None:
-    async with AsyncClient(server) as setup:
+async def test_a_run_whose_answer_was_lost_is_created_once(server_url: str) -> None:
+    async with AsyncClient(server_url) as setup:
         flow = await setup.create_flow({"ast": {"program": "lost-run"}})
     lossy = LoseAnswers(lose=1)
-    async with AsyncClient(server, transport=lossy, retry=Retry(backoff_s=0.01)) as client:
+    async with AsyncClient(server_url, transport=lossy, retry=Retry(backoff_s=0.01)) as client:
         run = await client.create_run(flow.flow_id, {"seed": 4})
         assert [r.run_id for r in await client.list_runs(flow_id=flow.flow_id)] == [run.run_id]
 
@@ -202,8 +187,8 @@ async def test_a_server_that_stays_away_raises_unreachable(tmp_path: Path) -> No
     assert caught.value.code == "UNREACHABLE" and caught.value.retriable
 
 
-async def test_errors_are_typed_with_code_retriable_and_details(server: str) -> None:
-    async with AsyncClient(server) as client:
+async def test_errors_are_typed_with_code_retriable_and_details(server_url: str) -> None:
+    async with AsyncClient(server_url) as client:
         with pytest.raises(NotFound) as missing:
             await client.get_run("run_nope")
         assert (missing.value.code, missing.value.status, missing.value.retriable) == (

@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from importlib import resources
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,9 +23,7 @@ from orchestrator_client import AsyncClient, Client, NotFound, steps
 from orchestrator_client.calls import Call, Operation
 from orchestrator_client.routes import Routes
 from orchestrator_client.streams import StreamRoute
-from orchestratord.api.app import create_app
-from orchestratord.runtime import Orchestrator
-from test_harness.servers import serve_app
+from orchestratord.settings import Settings
 from tests.conftest import make_settings
 
 FAKE_ENGINE = {
@@ -90,18 +87,9 @@ class Sent:
 
 
 @pytest.fixture
-async def server(tmp_path: Path) -> AsyncIterator[str]:
-    settings = make_settings(
-        f"sqlite:///{tmp_path / 'sdk.db'}",
-        provision={"commands": FAKE_ENGINE},
-    )
-    orch = Orchestrator(settings)
-    await orch.start()
-    try:
-        async with serve_app(create_app(orchestrator=orch)) as url:
-            yield url
-    finally:
-        await orch.stop()
+def settings(db_url: str) -> Settings:
+    """The tests' settings, and a provisioner that starts the fake OpenAI engine."""
+    return make_settings(db_url, provision={"commands": FAKE_ENGINE})
 
 
 ECHO = {
@@ -112,9 +100,9 @@ ECHO = {
 }
 
 
-async def test_every_route_through_the_async_client(server: str) -> None:
+async def test_every_route_through_the_async_client(server_url: str) -> None:
     sent = Sent()
-    async with AsyncClient(server) as client:
+    async with AsyncClient(server_url) as client:
         sent.wrap(client)
         assert (await client.healthz())["status"] == "ok"
         assert "orchestratord_" in await client.metrics()
@@ -202,9 +190,9 @@ async def _until_ended(client: AsyncClient, step_id: str) -> None:
 
 
 @pytest.fixture
-def blocking(server: str) -> Iterator[tuple[Client, Sent]]:
+def blocking(server_url: str) -> Iterator[tuple[Client, Sent]]:
     sent = Sent()
-    with Client(server) as client:
+    with Client(server_url) as client:
         sent.wrap(client)
         yield client, sent
 
