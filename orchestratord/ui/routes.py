@@ -1,8 +1,10 @@
-"""The dashboard's pages and its two assets.
+"""The dashboard's pages and their assets.
 
-Each page is one shell (``shell``) naming the page and the ids in its path; ``app.js``
-renders it from the API. A shell holds no data, so it answers without a key
-(:class:`~orchestratord.api.auth.OpenRoute`); every value put in it is HTML-escaped.
+Each page is one shell (``shell``) naming the page and the ids in its path. It loads two
+scripts, in order: ``app.js``, what every page shares, and the page's own (``runs.js``,
+``run.js``, ...), which renders it from the API. A shell holds no data, so it answers
+without a key (:class:`~orchestratord.api.auth.OpenRoute`); every value put in it is
+HTML-escaped.
 """
 
 from __future__ import annotations
@@ -17,13 +19,17 @@ from orchestrator_core.errors import NotFound
 from orchestratord.api.auth import OpenRoute
 
 STATIC = Path(__file__).parent / "static"
+JS = "text/javascript; charset=utf-8"
+# each page's own script, by the page's name: loaded after app.js, which they all share
+PAGES = ("runs", "run", "replay", "step", "pools")
 ASSETS = {
-    "app.js": "text/javascript; charset=utf-8",
+    "app.js": JS,
+    **{f"{page}.js": JS for page in PAGES},
     "app.css": "text/css; charset=utf-8",
-    "docs.js": "text/javascript; charset=utf-8",  # starts Swagger UI on /docs
+    "docs.js": JS,  # starts Swagger UI on /docs
 }
-# no script or style but the two files above, and requests to this origin only: a value
-# that slipped past escaping still could not run
+# no script or style but the files above, and requests to this origin only: a value that
+# slipped past escaping still could not run
 POLICY = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
     "connect-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'"
@@ -37,7 +43,10 @@ HEADERS = {
 
 
 def shell(request: Request, page: str, title: str, **ids: str) -> HTMLResponse:
-    """The HTML of one page: ``page`` and ``ids`` become ``data-`` attributes of its body."""
+    """The HTML of one page: ``page`` and ``ids`` become ``data-`` attributes of its body,
+    and it loads ``app.js`` and then ``page``'s own script."""
+    if page not in PAGES:
+        raise ValueError(f"no script for page {page!r}")
     base = escape(request.scope.get("root_path", "").rstrip("/"), quote=True)
     data = "".join(
         f' data-{name.replace("_", "-")}="{escape(v, quote=True)}"' for name, v in ids.items()
@@ -51,6 +60,7 @@ def shell(request: Request, page: str, title: str, **ids: str) -> HTMLResponse:
 <link rel="icon" href="data:,">
 <link rel="stylesheet" href="{base}/ui/static/app.css">
 <script src="{base}/ui/static/app.js" defer></script>
+<script src="{base}/ui/static/{page}.js" defer></script>
 </head>
 <body data-page="{escape(page, quote=True)}" data-base="{base}"{data}>
 <header class="top">
