@@ -61,7 +61,7 @@ class Orchestrator:
         self.lock = SingleProcessLock.for_url(settings.database_url)
         self.hub = Hub(
             buffer_events=settings.stream.buffer_events,
-            catch_up_turns=1 if self.db.is_sqlite else 4,
+            catch_up_turns=settings.stream.catch_up_turns or (1 if self.db.is_sqlite else 4),
         )
         self.wakeups = (
             None

@@ -44,6 +44,14 @@ class StreamSettings(BaseModel):
         default=4096, ge=16, description="Recent events each live stream keeps in memory"
     )
     read_batch: int = Field(default=512, ge=1, description="Events read from the log per query")
+    catch_up_turns: int | None = Field(
+        default=None,
+        ge=1,
+        le=64,
+        description="Streams of a process reading the log at once while they catch up (the"
+        " others wait their turn, so requests are not starved); default: 1 on SQLite (its"
+        " reads run on the event loop), 4 on PostgreSQL",
+    )
     poll_s: float = Field(
         default=0.5,
         gt=0,
