@@ -14,10 +14,12 @@ record, the loop an interpreter repeats (plan, tool call, gate, checkpoint).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from typing import Any
 
 from contracts.events import EndEvent, ErrorEvent, EventBase
+from contracts.records import FactOut
+from contracts.runs import RunOut
 from contracts.steps import AnyStepCreate, StepOut
 from orchestrator_client.errors import StepFailed, Unreachable
 from orchestrator_client.routes import Routes, step_body
@@ -62,6 +64,30 @@ class Client(Routes, SyncTransport):
         _ended(accepted.step_id, last)
         return self.get_step(accepted.step_id)
 
+    def iter_runs(
+        self, *, flow_id: str | None = None, status: str | None = None, page: int = 100
+    ) -> Iterator[RunOut]:
+        """Every run (of ``flow_id``, in ``status``), newest first, ``page`` a request."""
+        after: str | None = None
+        while True:
+            got = self.list_runs(flow_id=flow_id, status=status, after=after, limit=page)
+            yield from got
+            if len(got) < page:
+                return
+            after = got[-1].run_id
+
+    def iter_facts(
+        self, run_id: str, *, type: str | None = None, page: int = 100
+    ) -> Iterator[FactOut]:
+        """Every fact of the run (of ``type``), in append order, ``page`` a request."""
+        after: str | None = None
+        while True:
+            got = self.list_facts(run_id, type=type, after=after, limit=page)
+            yield from got
+            if len(got) < page:
+                return
+            after = got[-1].fact_id
+
 
 class AsyncClient(Routes, AsyncTransport):
     """The async client: the same routes as :class:`Client`, as coroutines, and streams as
@@ -90,3 +116,29 @@ class AsyncClient(Routes, AsyncTransport):
                 on_event(event)
         _ended(accepted.step_id, last)
         return await self.get_step(accepted.step_id)
+
+    async def iter_runs(
+        self, *, flow_id: str | None = None, status: str | None = None, page: int = 100
+    ) -> AsyncIterator[RunOut]:
+        """Every run (of ``flow_id``, in ``status``), newest first, ``page`` a request."""
+        after: str | None = None
+        while True:
+            got = await self.list_runs(flow_id=flow_id, status=status, after=after, limit=page)
+            for run in got:
+                yield run
+            if len(got) < page:
+                return
+            after = got[-1].run_id
+
+    async def iter_facts(
+        self, run_id: str, *, type: str | None = None, page: int = 100
+    ) -> AsyncIterator[FactOut]:
+        """Every fact of the run (of ``type``), in append order, ``page`` a request."""
+        after: str | None = None
+        while True:
+            got = await self.list_facts(run_id, type=type, after=after, limit=page)
+            for fact in got:
+                yield fact
+            if len(got) < page:
+                return
+            after = got[-1].fact_id
