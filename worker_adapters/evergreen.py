@@ -68,6 +68,7 @@ from worker_adapters.base import (
     Token,
     WorkerAdapter,
 )
+from worker_adapters.calls_in_flight import CallsInFlight
 from worker_adapters.errors import AdapterError, EngineFailure, EngineUnavailable
 from worker_adapters.grpc_sessions import grpc_target
 from worker_adapters.registry import EngineDefaults, EngineVariant, ReplicaConfig, UrlForms
@@ -181,8 +182,7 @@ class EvergreenAdapter(WorkerAdapter):
         self._channel: Any = None
         self._stub: Any = None
         self._live: dict[str, _Live] = {}  # open sessions by id
-        self._calls: dict[str, Any] = {}  # the call of each request in flight, by request id
-        self._cancelled: set[str] = set()
+        self._calls = CallsInFlight()
         self._closing: set[asyncio.Task[None]] = set()
 
     # -- the channel ----------------------------------------------------------------------
@@ -310,7 +310,7 @@ class EvergreenAdapter(WorkerAdapter):
                     if not reused or attempt == 2:
                         raise gone.error from None
         finally:
-            self._cancelled.discard(request.request_id)
+            self._calls.forget(request.request_id)
             if request.session is None and session.session_id is not None:
                 await self.close_session(session)
 
@@ -428,7 +428,7 @@ class EvergreenAdapter(WorkerAdapter):
         if live.timer is not None:
             live.timer.cancel()
         live.busy = True
-        self._calls[rid] = call
+        self._calls.hold(rid, call)
         matcher = StopMatcher(request.stop)
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         pending: dict[int, Any] = {}
@@ -514,11 +514,11 @@ class EvergreenAdapter(WorkerAdapter):
                 reason = "length" if sent >= request.max_tokens else "eos"
             yield Finish(stop_reason=reason, tokens_in=0, tokens_out=sent)
         except asyncio.CancelledError:
-            if self._cancelled_by_request(rid):
+            if self._calls.cancelled_by_request(rid):
                 return  # cancel(): like every adapter, the stream just ends
             raise
         finally:
-            self._calls.pop(rid, None)
+            self._calls.release(rid)
             live.busy = False
             if clean and self._live.get(live.session_id) is live:
                 self._idle_from_now(live)
@@ -526,16 +526,7 @@ class EvergreenAdapter(WorkerAdapter):
                 self._drop(live)
 
     async def cancel(self, request_id: str) -> None:
-        call = self._calls.get(request_id)
-        if call is not None:
-            self._cancelled.add(request_id)
-            call.cancel()
-
-    def _cancelled_by_request(self, request_id: str) -> bool:
-        """The CancelledError being handled came from :meth:`cancel`, not from a
-        cancellation of the task itself."""
-        task = asyncio.current_task()
-        return request_id in self._cancelled and task is not None and not task.cancelling()
+        self._calls.cancel(request_id)
 
     # -- the engine -----------------------------------------------------------------------
 

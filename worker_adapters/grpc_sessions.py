@@ -6,7 +6,6 @@ and registration of their engines."""
 from __future__ import annotations
 
 import abc
-import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
 from typing import Any, ClassVar, TypedDict, TypeVar
@@ -15,6 +14,7 @@ import grpc  # type: ignore[import-untyped]
 from pydantic import BaseModel, ConfigDict, Field
 
 from worker_adapters.base import AdapterEvent, GenerationRequest, WorkerAdapter
+from worker_adapters.calls_in_flight import CallsInFlight
 from worker_adapters.errors import AdapterError, EngineFailure
 from worker_adapters.registry import EngineDefaults, EngineVariant, ReplicaConfig, UrlForms
 from worker_adapters.session_handle import EngineSession
@@ -44,8 +44,7 @@ class GrpcSessionAdapter(WorkerAdapter):
         self._pb = pb
         self._channel: Any = None
         self._stub: Any = None
-        self._calls: dict[str, Any] = {}  # streaming calls in flight, by request id
-        self._cancelled: set[str] = set()
+        self._calls = CallsInFlight()
 
     def _new_stub(self, channel: Any) -> Any:
         """The protocol's service stub on ``channel``."""
@@ -83,7 +82,7 @@ class GrpcSessionAdapter(WorkerAdapter):
             async for event in self._generate(session, request, prompt):
                 yield event
         finally:
-            self._cancelled.discard(request.request_id)
+            self._calls.forget(request.request_id)
             if request.session is None and session.session_id is not None:
                 await self._close_quietly(session.session_id)
 
@@ -107,23 +106,13 @@ class GrpcSessionAdapter(WorkerAdapter):
             await self._call("CloseSession", self._pb.CloseSessionRequest(session_id=session_id))
 
     async def cancel(self, request_id: str) -> None:
-        call = self._calls.get(request_id)
-        if call is not None:
-            self._cancelled.add(request_id)
-            call.cancel()
-
-    def _cancelled_by_request(self, request_id: str) -> bool:
-        """The CancelledError being handled came from :meth:`cancel` (the call was cancelled
-        for ``request_id``), not from a cancellation of the task itself."""
-        task = asyncio.current_task()
-        return request_id in self._cancelled and task is not None and not task.cancelling()
+        self._calls.cancel(request_id)
 
     def count_tokens(self, request: GenerationRequest) -> int | None:
         return len(self._tokenizer.encode(request.rendered_prompt()))
 
     async def aclose(self) -> None:
-        for call in list(self._calls.values()):
-            call.cancel()
+        self._calls.cancel_all()
         if self._channel is not None:
             await self._channel.close()
             self._channel = self._stub = None

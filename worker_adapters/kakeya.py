@@ -146,7 +146,7 @@ class KakeyaAdapter(GrpcSessionAdapter):
         sent = generated = dropped = 0
         for attempt in (1, 2):
             call = self._rpc().Generate(self._generate_request(session, request))
-            self._calls[rid] = call
+            self._calls.hold(rid, call)
             done: Any = None
             retry = False
             try:
@@ -175,11 +175,11 @@ class KakeyaAdapter(GrpcSessionAdapter):
                 if not (retry and attempt == 1):
                     raise error from exc
             except asyncio.CancelledError:
-                if self._cancelled_by_request(rid):
+                if self._calls.cancelled_by_request(rid):
                     return  # cancel(): like every adapter, the stream just ends
                 raise
             finally:
-                self._calls.pop(rid, None)
+                self._calls.release(rid)
                 if done is None and not retry:  # the runtime may have committed more tokens
                     session.verify = True
                     call.cancel()

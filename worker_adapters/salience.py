@@ -156,7 +156,7 @@ class SalienceAdapter(GrpcSessionAdapter):
         for attempt in (1, 2):
             plan = await self._plan(session, prompt)
             call = self._rpc().Generate(self._generate_request(session, plan, request))
-            self._calls[rid] = call
+            self._calls.hold(rid, call)
             done: Any = None
             accepted = retry = lost = False
             try:
@@ -195,11 +195,11 @@ class SalienceAdapter(GrpcSessionAdapter):
                 else:
                     raise error from exc
             except asyncio.CancelledError:
-                if self._cancelled_by_request(rid):
+                if self._calls.cancelled_by_request(rid):
                     return  # cancel(): like every adapter, the stream just ends
                 raise
             finally:
-                self._calls.pop(rid, None)
+                self._calls.release(rid)
                 if done is None and not retry:  # the server may have committed more tokens
                     session.verify = True
                     call.cancel()
