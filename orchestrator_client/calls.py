@@ -68,7 +68,13 @@ class Call(Generic[T]):
 
     @property
     def url(self) -> str:
-        return self.route.format_map({k: quote(v, safe="") for k, v in self.path.items()})
+        return filled(self.route, self.path)
+
+
+def filled(route: str, path: Mapping[str, str]) -> str:
+    """``route`` with its ``{names}`` replaced by ``path``'s values, each one path segment
+    (``/`` and the rest quoted)."""
+    return route.format_map({k: quote(v, safe="") for k, v in path.items()})
 
 
 class Operation(Generic[P, T]):

@@ -16,11 +16,11 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, overload
-from urllib.parse import quote
 
 import httpx
 
 from contracts.events import EventBase
+from orchestrator_client.calls import filled
 from orchestrator_client.errors import ApiError, Unreachable
 from orchestrator_client.sse import SseParser, decode
 from orchestrator_client.transport import AsyncTransport, describe
@@ -48,7 +48,7 @@ class Follow:
 
     @property
     def url(self) -> str:
-        return self.route.format_map({k: quote(v, safe="") for k, v in self.path.items()})
+        return filled(self.route, self.path)
 
     def opening(self) -> dict[str, str]:
         """Headers of the next request; a new parser (a partial event is not kept)."""

@@ -77,11 +77,6 @@ def make_client(args: argparse.Namespace) -> Client:
     return Client(url, timeout=timeout, api_key=api_key or None)
 
 
-def _invalid(exc: ValidationError) -> ClientError:
-    """A request refused before it was sent, as the server would have (422)."""
-    return InvalidRequest.of(exc)
-
-
 def main(
     argv: Sequence[str] | None = None,
     *,
@@ -96,8 +91,8 @@ def main(
         with make_client(args) as client:
             code: int = args.handler(client, args, out)
             return code
-    except ValidationError as exc:
-        return _fail(out, _invalid(exc), args)
+    except ValidationError as exc:  # a model orchctl built: refused before it was sent
+        return _fail(out, InvalidRequest.of(exc), args)
     except ClientError as exc:
         return _fail(out, exc, args)
     except UsageError as exc:

@@ -166,18 +166,16 @@ class AuthMiddleware:
         client = scope.get("client")
         address = str(client[0]) if client else ""
         try:
-            try:
-                principal = await guard.principal_from(text, address)
-            except OrchestratorError:
-                raise
-            except Exception as exc:
-                raise outage_of(exc) from exc
+            principal = await guard.principal_from(text, address)
             required = self._required(scope)
             if not principal.allows(required):
                 raise _forbidden(principal, required)
             orch.rates.request(principal.key_id)
         except OrchestratorError as exc:
             await self._refuse(orch, exc, scope, receive, send)
+            return
+        except Exception as exc:  # the database is down: the key cannot be checked
+            await self._refuse(orch, outage_of(exc), scope, receive, send)
             return
         scope[PRINCIPAL] = principal
         await self.app(scope, receive, send)
