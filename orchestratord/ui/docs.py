@@ -15,10 +15,10 @@ from importlib.resources import files
 from pathlib import Path
 
 from starlette.requests import Request
-from starlette.responses import FileResponse, HTMLResponse, Response
+from starlette.responses import HTMLResponse, Response
 
-from orchestrator_core.errors import NotFound
 from orchestratord.api.auth import OpenRoute
+from orchestratord.ui.files import file_server, root
 
 ASSETS = {
     "swagger-ui-bundle.js": "text/javascript; charset=utf-8",
@@ -30,11 +30,6 @@ TITLE = "orchestratord"
 
 def _static() -> Path:
     return Path(str(files("fastapi_offline") / "static"))
-
-
-def _base(request: Request) -> str:
-    root: str = request.scope.get("root_path", "")
-    return root.rstrip("/")
 
 
 PAGE = """<!DOCTYPE html>
@@ -57,23 +52,11 @@ PAGE = """<!DOCTYPE html>
 
 async def swagger(request: Request) -> Response:
     """Swagger UI; ``ui/static/docs.js`` starts it, sending the dashboard's key (if any)."""
-    base = html.escape(_base(request), quote=True)
+    base = html.escape(root(request), quote=True)
     return HTMLResponse(PAGE.format(base=base, title=TITLE))
-
-
-async def asset(request: Request) -> Response:
-    name: str = request.path_params["name"]
-    media_type = ASSETS.get(name)
-    if media_type is None:
-        raise NotFound("asset", name)
-    return FileResponse(
-        _static() / name,
-        media_type=media_type,
-        headers={"Cache-Control": "no-cache", "X-Content-Type-Options": "nosniff"},
-    )
 
 
 ROUTES = [
     OpenRoute("/docs", swagger, name="docs"),
-    OpenRoute("/docs/assets/{name}", asset, name="docs_asset"),
+    OpenRoute("/docs/assets/{name}", file_server(_static, ASSETS), name="docs_asset"),
 ]

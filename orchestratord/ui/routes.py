@@ -13,10 +13,10 @@ from html import escape
 from pathlib import Path
 
 from starlette.requests import Request
-from starlette.responses import FileResponse, HTMLResponse, RedirectResponse, Response
+from starlette.responses import HTMLResponse, RedirectResponse, Response
 
-from orchestrator_core.errors import NotFound
 from orchestratord.api.auth import OpenRoute
+from orchestratord.ui.files import file_server, root
 
 STATIC = Path(__file__).parent / "static"
 JS = "text/javascript; charset=utf-8"
@@ -47,7 +47,7 @@ def shell(request: Request, page: str, title: str, **ids: str) -> HTMLResponse:
     and it loads ``app.js`` and then ``page``'s own script."""
     if page not in PAGES:
         raise ValueError(f"no script for page {page!r}")
-    base = escape(request.scope.get("root_path", "").rstrip("/"), quote=True)
+    base = escape(root(request), quote=True)
     data = "".join(
         f' data-{name.replace("_", "-")}="{escape(v, quote=True)}"' for name, v in ids.items()
     )
@@ -109,21 +109,7 @@ async def pools_page(request: Request) -> Response:
 
 
 async def to_runs(request: Request) -> Response:
-    root = request.scope.get("root_path", "").rstrip("/")
-    return RedirectResponse(f"{root}/ui", status_code=308)
-
-
-async def asset(request: Request) -> Response:
-    name: str = request.path_params["name"]
-    media_type = ASSETS.get(name)
-    if media_type is None:
-        raise NotFound("asset", name)
-    # revalidated each time (ETag), so a new version of the server is picked up at once
-    return FileResponse(
-        STATIC / name,
-        media_type=media_type,
-        headers={"Cache-Control": "no-cache", "X-Content-Type-Options": "nosniff"},
-    )
+    return RedirectResponse(f"{root(request)}/ui", status_code=308)
 
 
 ROUTES = [
@@ -133,5 +119,5 @@ ROUTES = [
     OpenRoute("/ui/runs/{run_id}/replay", replay_page, name="ui_replay"),
     OpenRoute("/ui/steps/{step_id}", step_page, name="ui_step"),
     OpenRoute("/ui/pools", pools_page, name="ui_pools"),
-    OpenRoute("/ui/static/{name}", asset, name="ui_asset"),
+    OpenRoute("/ui/static/{name}", file_server(lambda: STATIC, ASSETS), name="ui_asset"),
 ]
