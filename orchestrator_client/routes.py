@@ -35,7 +35,7 @@ from orchestrator_client.calls import (
 )
 from orchestrator_client.errors import InvalidRequest
 from orchestrator_client.sse import TERMINAL
-from orchestrator_client.streams import Follow, follow, stream_route
+from orchestrator_client.streams import Start, stream_route
 
 Body = BaseModel | Mapping[str, Any]
 _STEP: TypeAdapter[AnyStepCreate] = TypeAdapter(StepCreate)
@@ -261,14 +261,14 @@ class Routes:
     @stream_route("/v1/steps/{step_id}/stream", ends_on=TERMINAL)
     def stream_step(
         step_id: str, *, last_event_id: str | int | None = None, give_up_s: float | None = None
-    ) -> Follow:
+    ) -> Start:
         """The step's events (``started``, ``token``..., ``end`` or ``error``), resumed
         after a drop; from ``last_event_id`` when given."""
-        return follow(last_event_id, give_up_s, step_id=step_id)
+        return Start({"step_id": step_id}, last_event_id, give_up_s)
 
     @stream_route("/v1/runs/{run_id}/stream", ends_on=frozenset({"run_end"}))
     def stream_run(
         run_id: str, *, last_event_id: str | int | None = None, give_up_s: float | None = None
-    ) -> Follow:
+    ) -> Start:
         """Every event of the run's steps and facts in commit order, to ``run_end``."""
-        return follow(last_event_id, give_up_s, run_id=run_id)
+        return Start({"run_id": run_id}, last_event_id, give_up_s)

@@ -15,7 +15,7 @@ import functools
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Generic, ParamSpec, overload
+from typing import TYPE_CHECKING, Any, Generic, NamedTuple, ParamSpec, overload
 
 import httpx
 
@@ -172,7 +172,7 @@ class AsyncEventStream:
 class StreamRoute(Generic[P]):
     """An SSE route of the API: read through a client, a method answering an iterator."""
 
-    def __init__(self, route: str, terminal: frozenset[str], build: Callable[P, Follow]):
+    def __init__(self, route: str, terminal: frozenset[str], build: Callable[P, Start]):
         self.method = "GET"
         self.route = route
         self.terminal = terminal
@@ -196,10 +196,14 @@ class StreamRoute(Generic[P]):
 
         @functools.wraps(self.build)
         def bound(*args: Any, **kwargs: Any) -> Any:
-            follow = self.build(*args, **kwargs)
-            follow.route, follow.terminal = self.route, self.terminal
-            if follow.give_up_s < 0:
-                follow.give_up_s = client.stream_give_up_s
+            start = self.build(*args, **kwargs)
+            follow = Follow(
+                route=self.route,
+                path=start.path,
+                terminal=self.terminal,
+                last_event_id=None if start.after is None else str(start.after),
+                give_up_s=client.stream_give_up_s if start.give_up_s is None else start.give_up_s,
+            )
             if isinstance(client, AsyncTransport):
                 return AsyncEventStream(client, follow)
             return EventStream(client, follow)
@@ -209,20 +213,17 @@ class StreamRoute(Generic[P]):
 
 def stream_route(
     route: str, *, ends_on: frozenset[str]
-) -> Callable[[Callable[P, Follow]], StreamRoute[P]]:
-    def make(build: Callable[P, Follow]) -> StreamRoute[P]:
+) -> Callable[[Callable[P, Start]], StreamRoute[P]]:
+    def make(build: Callable[P, Start]) -> StreamRoute[P]:
         return StreamRoute(route, ends_on, build)
 
     return make
 
 
-def follow(last_event_id: str | int | None, give_up_s: float | None, **path: str) -> Follow:
-    """A :class:`Follow` for a stream route's build function (route and terminal are the
-    route's); ``give_up_s`` None takes the client's."""
-    return Follow(
-        route="",
-        path=path,
-        terminal=frozenset(),
-        last_event_id=None if last_event_id is None else str(last_event_id),
-        give_up_s=-1.0 if give_up_s is None else give_up_s,
-    )
+class Start(NamedTuple):
+    """What a stream route's build function says: the route's ids, the event to start
+    after (None: the first), and how long a drop is retried (None: the client's)."""
+
+    path: dict[str, str]
+    after: str | int | None = None
+    give_up_s: float | None = None
