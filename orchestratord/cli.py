@@ -16,7 +16,7 @@ from orchestratord.api.correlation import CorrelationLogFilter
 from orchestratord.db.single_process import DatabaseInUse, SingleProcessLock
 from orchestratord.event_logging import JsonFormatter
 from orchestratord.pools.config import PoolConfigError, load_pools_file
-from orchestratord.settings import Settings
+from orchestratord.settings import BadSetting, Settings, load_settings
 from worker_adapters.registry import local_engines, runs_locally
 
 
@@ -28,7 +28,7 @@ def _settings(args: argparse.Namespace) -> Settings:
             overrides[name] = value
     if getattr(args, "pools", None) is not None:
         overrides["pools_file"] = Path(args.pools)
-    settings = Settings(**overrides)
+    settings = load_settings(**overrides)
     if getattr(args, "auth", False):
         settings.auth.enabled = True
     if getattr(args, "evergreen_port", None) is not None:
@@ -252,7 +252,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    result: int = args.func(args)
+    try:
+        result: int = args.func(args)
+    except BadSetting as exc:
+        for line in exc.lines:
+            print(f"orchestratord: bad setting {line}", file=sys.stderr)
+        return 2
     return result
 
 

@@ -5,15 +5,37 @@ Every field can be set as ``ORCHESTRATORD_<NAME>`` (nested: ``ORCHESTRATORD_SIM_
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from orchestrator_core.breakers import BreakerConfig
 from orchestrator_core.outbound import AllowList
 from worker_adapters.registry import local_engines, runs_locally
+
+
+def _listed(value: Any) -> Any:
+    """A list setting as the environment writes it: comma-separated (``a,b``), a JSON list
+    (``["a", "b"]``), or empty (none)."""
+    if not isinstance(value, str):
+        return value
+    text = value.strip()
+    if not text:
+        return []
+    if text.startswith("["):
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"not a JSON list ({exc.msg} at character {exc.pos})") from None
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+# A list of strings from the environment in any of its three forms (pydantic-settings alone
+# reads only JSON, and stops at anything else with a traceback).
+EnvList = Annotated[list[str], NoDecode, BeforeValidator(_listed)]
 
 
 def _local_engine(name: str) -> str:
@@ -133,11 +155,12 @@ class ToolSettings(BaseModel):
     )
     backoff_s: float = Field(default=0.1, ge=0, description="First retry delay; doubles")
     max_connections: int = Field(default=64, ge=1, description="HTTP connections kept to tools")
-    allow_hosts: list[str] = Field(
+    allow_hosts: EnvList = Field(
         default_factory=list,
         description="Hosts (names) and networks (CIDRs) tools may reach beyond the public"
         " internet: loopback, private, link-local and metadata addresses are refused unless"
-        ' listed, e.g. ["10.1.0.0/16", "tools.internal"]',
+        " listed; comma-separated (10.1.0.0/16,tools.internal), a JSON list"
+        ' (["10.1.0.0/16", "tools.internal"]) or empty (none)',
     )
 
     @field_validator("allow_hosts")
@@ -196,8 +219,8 @@ class AuthSettings(BaseModel):
     max_failures_per_minute: int = Field(
         default=60,
         ge=0,
-        description="Refused keys one client address may send per minute before it gets 429"
-        " (a key this process verified keeps working); 0: no limit",
+        description="Refused keys one client address, or naming one key id, may send per minute"
+        " before it gets 429 (a key this process verified keeps working); 0: no limit",
     )
     limited_wait_s: float = Field(
         default=2.0,
@@ -379,3 +402,56 @@ class Settings(BaseSettings):
     tracing: TracingSettings = Field(default_factory=TracingSettings)
     provision: ProvisionSettings = Field(default_factory=ProvisionSettings)
     evergreen: EvergreenSettings = Field(default_factory=EvergreenSettings)
+
+
+class BadSetting(Exception):
+    """Settings that cannot be used: one line per bad setting, naming its variable and what it
+    accepts (never its value, which may be a secret)."""
+
+    def __init__(self, lines: list[str]) -> None:
+        super().__init__("\n".join(lines))
+        self.lines = lines
+
+
+def env_name(loc: tuple[int | str, ...]) -> str:
+    """The environment variable of a setting at ``loc`` (``("tools", "allow_hosts")``)."""
+    names = [str(part) for part in loc if isinstance(part, str)]
+    return "ORCHESTRATORD_" + "__".join(names).upper()
+
+
+def _accepts(loc: tuple[int | str, ...]) -> str | None:
+    """The description of the setting at ``loc``: what it accepts, in the settings' words."""
+    model: Any = Settings
+    description = None
+    for part in loc:
+        fields = getattr(model, "model_fields", None)
+        if not isinstance(part, str) or fields is None or part not in fields:
+            break
+        info = fields[part]
+        description, model = info.description, info.annotation
+    return description
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """The settings from the environment and ``overrides``; ``BadSetting`` names what is wrong."""
+    from pydantic import ValidationError
+    from pydantic_settings import SettingsError
+
+    try:
+        return Settings(**overrides)
+    except ValidationError as exc:
+        lines = []
+        for error in exc.errors(include_input=False, include_url=False):
+            loc = tuple(error["loc"])
+            line = f"{env_name(loc)}: {error['msg']}"
+            accepts = _accepts(loc)
+            if accepts:
+                line += f" (accepts: {accepts})"
+            lines.append(line)
+        raise BadSetting(lines) from None
+    except SettingsError as exc:
+        # a value pydantic-settings could not decode before validation (JSON of a dict setting)
+        field = str(exc).split('"')[1] if '"' in str(exc) else "?"
+        cause = exc.__cause__
+        why = f": {cause}" if cause is not None else ""
+        raise BadSetting([f"{env_name((field,))} (or a setting under it){why}"]) from None
