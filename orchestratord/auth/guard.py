@@ -93,11 +93,13 @@ class KeyGuard:
         return cast(_T, await asyncio.shield(running))
 
     async def principal_from(self, text: str | None, address: str) -> Principal:
-        """``principal(text)`` for a request from ``address``: an address past its refused
-        keys of the minute is answered 429 unless its key was verified here before."""
+        """``principal(text)`` for a request from ``address``: an address, or a key id, past
+        its refused keys of the minute is answered 429 unless its key was verified here before."""
+        parsed = keys.parse(text) if text is not None else None
+        key_id = parsed[0] if parsed is not None else None
         if text is not None and not self.verified(text):
             try:
-                self.failures.check(address)
+                self.failures.check(address, key_id)
             except LimitExceeded as exc:
                 # held before its 429: each connection of a flood sends one request a wait,
                 # and the held ones cost a sleeping task, not the loop's time; a spread
@@ -110,7 +112,7 @@ class KeyGuard:
             return await self.principal(text)
         except Unauthenticated:
             if text is not None:
-                self.failures.note(address)
+                self.failures.note(address, key_id)
             raise
 
     def verified(self, text: str) -> bool:
