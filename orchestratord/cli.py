@@ -57,6 +57,7 @@ def serve(args: argparse.Namespace) -> int:
     from orchestratord.api.app import create_app
 
     settings = _settings(args)
+    check_prices(settings)
     if settings.pools_file is not None:
         try:
             load_pools_file(settings.pools_file)
@@ -97,6 +98,30 @@ def serve(args: argparse.Namespace) -> int:
 
     DrainingServer(config, app, drain_s=settings.dispatch.drain_s).run()
     return 0
+
+
+def check_prices(settings: Settings) -> None:
+    """The price tables load and name ``price_table``, or ``BadSetting`` (before the server
+    starts: a start that fails later is a traceback in the log and exit 3)."""
+    from orchestrator_core.errors import NotFound
+    from orchestratord.prices import PriceBook, PriceConfigError
+
+    try:
+        book = (
+            PriceBook.load(settings.price_tables_dir)
+            if settings.price_tables_dir is not None
+            else PriceBook.load()
+        )
+    except PriceConfigError as exc:
+        first = str(exc).splitlines()[0]
+        raise BadSetting([f"ORCHESTRATORD_PRICE_TABLES_DIR: {first}"]) from None
+    if settings.price_table is not None:
+        try:
+            book.get(settings.price_table)
+        except NotFound:
+            known = ", ".join(book.versions()) or "none"
+            line = f"ORCHESTRATORD_PRICE_TABLE: no such price table (accepts one of: {known})"
+            raise BadSetting([line]) from None
 
 
 def is_loopback(host: str) -> bool:

@@ -377,7 +377,9 @@ class Settings(BaseSettings):
     http: Literal["auto", "h11", "httptools"] = Field(
         default="auto", description="HTTP/1.1 parser of the server: httptools where installed"
     )
-    log_level: str = "info"
+    log_level: str = Field(
+        default="info", description="One of debug, info, warning, error, critical"
+    )
     log_format: Literal["text", "json"] = "text"
     health_interval_s: float = Field(
         default=5.0, gt=0, description="How often replicas are asked for health and capabilities"
@@ -402,6 +404,33 @@ class Settings(BaseSettings):
     tracing: TracingSettings = Field(default_factory=TracingSettings)
     provision: ProvisionSettings = Field(default_factory=ProvisionSettings)
     evergreen: EvergreenSettings = Field(default_factory=EvergreenSettings)
+
+    @field_validator("log_level")
+    @classmethod
+    def _known_level(cls, value: str) -> str:
+        return _log_level(value)
+
+    @field_validator("database_url")
+    @classmethod
+    def _known_database(cls, value: str) -> str:
+        return _database_url(value)
+
+
+_LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+_DATABASES = ("sqlite", "postgresql", "postgres")
+
+
+def _log_level(value: str) -> str:
+    if value.lower() not in _LOG_LEVELS:
+        raise ValueError(f"not a log level: one of {', '.join(_LOG_LEVELS)}")
+    return value.lower()
+
+
+def _database_url(value: str) -> str:
+    scheme = value.split(":", 1)[0].split("+", 1)[0].lower() if ":" in value else ""
+    if scheme not in _DATABASES:
+        raise ValueError("not a database URL: sqlite:///path or postgresql://user@host/db")
+    return value
 
 
 class BadSetting(Exception):

@@ -91,3 +91,23 @@ def test_serve_starts_with_each_form_of_allow_hosts(tmp_path: Path, value: str) 
     env = {"ORCHESTRATORD_TOOLS__ALLOW_HOSTS": value}
     with orchestratord(tmp_path, "--engine", "sim", env=env) as url:
         assert url.startswith("http://127.0.0.1:")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("name", "value", "said"),
+    [
+        ("ORCHESTRATORD_LOG_LEVEL", "loud", "one of debug, info"),
+        ("ORCHESTRATORD_DATABASE_URL", "foo://x", "sqlite:///path or postgresql://"),
+        ("ORCHESTRATORD_PRICE_TABLES_DIR", "/nonexistent", "not a directory"),
+        ("ORCHESTRATORD_PRICE_TABLE", "1999-01-01", "no such price table"),
+    ],
+)
+def test_serve_names_settings_checked_at_start(
+    tmp_path: Path, name: str, value: str, said: str
+) -> None:
+    done = _serve(tmp_path, {name: value})
+    assert done.returncode == 2, done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith(f"orchestratord: bad setting {name}"), line
+    assert said in line, line
