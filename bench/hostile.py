@@ -5,7 +5,7 @@ Each attack runs against a fresh ``serve --engine sim`` of each checkout given, 
 the attack's requests are answered (or its client gave up), the poller goes on until the
 server's CPU falls idle: a server still grinding through a request whose client left is
 still keeping others waiting. Per attack and checkout it prints what the attacker got, the
-poller's p99 and longest wait, the server's CPU seconds and its RSS growth.
+poller's p99 and longest wait, the server's CPU seconds and its peak RSS growth.
 
     .venv/bin/python bench/hostile.py --trees /tmp/before . [--only tool_pattern,...]
 
@@ -34,7 +34,7 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from test_harness.probes import PollReport, cpu_s, poller, rss_mb  # noqa: E402
+from test_harness.probes import PollReport, cpu_s, peak_rss_mb, poller, rss_mb  # noqa: E402
 
 CLIENT_TIMEOUT_S = 90.0
 IDLE_WAIT_S = 120.0
@@ -189,6 +189,38 @@ def refused_keys(t: Target, scale: int) -> str:
     return ", ".join(f"{n} x {code}" for code, n in sorted(codes.items()))
 
 
+def cel_values(t: Target, scale: int) -> str:
+    """A gate whose comprehensions build 1,536 copies of a doubled 200 KB fact."""
+    run_id = t.run(t.flow())
+    fact = {"type": "big", "data": {"s": "x" * 200_000 * scale}}
+    t.client.post(f"/v1/runs/{run_id}/facts", json=fact).raise_for_status()
+    xs, ys = list(range(48)), list(range(32))
+    expr = f"{xs}.map(x, {ys}.map(y, facts[0].data.s + facts[0].data.s)).size() > 0"
+    body = {"type": "gate_eval", "client_token": "g", "input": {"expr": expr}}
+    return _step_end(t, t.step(run_id, body))
+
+
+def waiting_gates(t: Target, scale: int) -> str:
+    """Four gates waiting over 5,000 facts while a 2,000-token llm_call streams in the run."""
+    run_id = t.run(t.flow())
+    for i in range(5000):
+        fact = {"type": "n", "data": {"i": i}}
+        t.client.post(f"/v1/runs/{run_id}/facts", json=fact).raise_for_status()
+    expr = 'facts.exists(f, f.type == "done")'
+    for g in range(4):
+        gate = {"type": "gate_eval", "client_token": f"g{g}"}
+        gate["input"] = {"expr": expr, "wait_ms": 120_000}
+        t.step(run_id, gate).raise_for_status()
+    call = {"type": "llm_call", "client_token": "c"}
+    call["input"] = {"prompt": "go", "params": {"max_tokens": 2000, "temperature": 0}}
+    t0 = time.perf_counter()
+    r = t.step(run_id, call)
+    end = _step_end(t, r)
+    took = time.perf_counter() - t0
+    t.client.post(f"/v1/runs/{run_id}/facts", json={"type": "done", "data": {}})
+    return f"llm_call of 2,000 tokens: {end} in {took:.2f} s"
+
+
 @dataclass
 class Attack:
     name: str
@@ -205,6 +237,12 @@ ATTACKS = [
     Attack("ref_doubling", ref_doubling),
     Attack("unique_items", unique_items),
     Attack("many_keys", many_keys),
+    Attack("cel_values", cel_values),
+    Attack(
+        "waiting_gates",
+        waiting_gates,
+        env={"ORCHESTRATORD_SIM__TOKENS_PER_S": "0", "ORCHESTRATORD_SIM__EOS_PROBABILITY": "0"},
+    ),
     Attack(
         "refused_keys",
         refused_keys,
@@ -306,6 +344,7 @@ def measure(tree: Path, attack: Attack, scale: int) -> dict[str, Any]:
                 "probes": report.count,
                 "server_cpu_s": round(cpu_s(pid) - cpu0, 2),
                 "rss_growth_mb": round(rss_mb(pid) - rss0, 1),
+                "peak_rss_growth_mb": round(peak_rss_mb(pid) - rss0, 1),
             }
 
 
@@ -325,7 +364,7 @@ def main() -> None:
             print(
                 f"{attack.name:<16} {tree.name or str(tree):<10} p99 {row['poll_p99_ms']:>8} ms"
                 f"  max {row['poll_max_ms']:>8} ms  cpu {row['server_cpu_s']:>6} s"
-                f"  rss +{row['rss_growth_mb']:>6} MB  {row['outcome']}",
+                f"  peak rss +{row['peak_rss_growth_mb']:>6} MB  {row['outcome']}",
                 flush=True,
             )
     out = ROOT / "bench" / "results" / "hostile.json"

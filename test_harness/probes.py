@@ -111,12 +111,21 @@ def poller(url: str, *, every_s: float = 0.05) -> Iterator[Probes]:
         probes.report = PollReport(json.loads(out.strip().splitlines()[-1]))
 
 
+def _status_mb(pid: int, name: str) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(name + ":"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError(f"no {name} for pid {pid}")
+
+
 def rss_mb(pid: int) -> float:
     """Resident memory of process ``pid`` in MiB."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise AssertionError(f"no VmRSS for pid {pid}")
+    return _status_mb(pid, "VmRSS")
+
+
+def peak_rss_mb(pid: int) -> float:
+    """The most resident memory process ``pid`` has held so far, in MiB."""
+    return _status_mb(pid, "VmHWM")
 
 
 def cpu_s(pid: int) -> float:

@@ -32,6 +32,10 @@ class Server:
     def rss_mb(self) -> float:
         return probes.rss_mb(self.pid)
 
+    def peak_rss_mb(self) -> float:
+        """The most resident memory the server has held so far."""
+        return probes.peak_rss_mb(self.pid)
+
     def cpu_s(self) -> float:
         """User plus system CPU seconds the server process has used so far."""
         return probes.cpu_s(self.pid)
