@@ -11,9 +11,7 @@ from fastapi.exceptions import RequestValidationError
 from sqlalchemy.exc import DBAPIError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from contracts.bounds import UNSTORABLE
-from contracts.common import AFFINITY_TAGS, PLACEMENT_TAGS
-from contracts.steps import STEP_TYPES
+from contracts.error_fields import field_of
 from orchestrator_core import errors as E
 from orchestrator_core.admission import AdmissionReject, QueueFullDropLru
 from orchestrator_core.budgets import BudgetExceeded
@@ -71,16 +69,6 @@ REFUSALS = (
     E.DatabaseUnavailable,
     E.StorageFull,
 )
-_TAG_ERRORS = frozenset({"union_tag_invalid", "union_tag_not_found"})
-# A union told apart by a tag puts the tag in an error's path, where the client wrote none: a
-# step's kind after the body (body.llm_call.input), a placement's form after its field
-# (placement.pin.pin), an affinity's form after it. The tag is left out of the field named.
-_TAGS_AFTER: dict[str, frozenset[str]] = {
-    "body": frozenset(STEP_TYPES),
-    "placement": PLACEMENT_TAGS,
-    "pool_policy": PLACEMENT_TAGS,
-    "affinity": AFFINITY_TAGS,
-}
 _HTTP_CODES = {404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED", 400: "INVALID_PARAMS"}
 
 
@@ -132,24 +120,6 @@ async def on_database_error(request: Request, exc: Exception) -> JsonResponse:
     return await on_domain_error(request, outage)
 
 
-def _field(loc: tuple[Any, ...], error_type: str = "") -> str:
-    if error_type in _TAG_ERRORS:  # the step type itself picks no kind
-        return ".".join([*(str(p) for p in loc if p != "body"), "type"])
-    untagged = [p for i, p in enumerate(loc) if not (i and p in _TAGS_AFTER.get(loc[i - 1], ()))]
-    parts = [str(p) for p in untagged]
-    if parts and parts[0] in ("body", "query", "path", "header"):
-        head, rest = parts[0], parts[1:]
-        return ".".join(rest) if head == "body" and rest else ".".join([head, *rest])
-    return ".".join(parts)
-
-
-def _field_of(error: Any) -> str:
-    field = _field(tuple(error["loc"]), error.get("type", ""))
-    if error.get("type") == UNSTORABLE:  # the place inside a JSON value: ``data.a[2]``
-        field += error.get("ctx", {}).get("at", "")
-    return field
-
-
 async def on_validation_error(_request: Request, exc: Exception) -> JsonResponse:
     assert isinstance(exc, RequestValidationError)
     errors = list(exc.errors())
@@ -160,7 +130,7 @@ async def on_validation_error(_request: Request, exc: Exception) -> JsonResponse
             .get("error", "malformed JSON")
         )
         return error_response(400, E.InvalidParams(f"malformed JSON: {msg}", field="body").body())
-    fields = [{"field": _field_of(e), "message": e["msg"]} for e in errors]
+    fields = [{"field": field_of(e), "message": e["msg"]} for e in errors]
     first = fields[0] if fields else {"field": "body", "message": "invalid"}
     return error_response(
         422,

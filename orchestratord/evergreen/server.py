@@ -17,13 +17,12 @@ from typing import Any
 
 import grpc  # type: ignore[import-untyped]
 import orjson
-from pydantic import ValidationError
 
 from contracts.protos import load
-from contracts.runs import RunCreate
 from orchestrator_core import keys
 from orchestrator_core.errors import Forbidden, OrchestratorError
 from orchestrator_core.keys import Principal
+from orchestratord.evergreen.run_body import run_body
 from orchestratord.evergreen.session import DONE, Session
 from orchestratord.evergreen.status import named_status, status_for
 from orchestratord.flows.service import get_flow
@@ -100,14 +99,7 @@ class EvergreenService:
         if not flow_id:
             raise _bad("metadata x-flow-id: the flow of the session's run is required", "x-flow-id")
         try:
-            body = RunCreate.model_validate(orjson.loads(metadata.get("x-run") or "{}"))
-        except orjson.JSONDecodeError as exc:
-            raise _bad(f"metadata x-run is not JSON: {exc}", "x-run") from None
-        except ValidationError as exc:
-            err = exc.errors()[0]
-            where = ".".join(str(p) for p in err["loc"]) or "x-run"
-            raise _bad(f"x-run.{where}: {err['msg']}", f"x-run.{where}") from None
-        try:
+            body = run_body(metadata.get("x-run"), max_bytes=orch.settings.limits.max_body_bytes)
             async with orch.tx() as tx:
                 flow = await get_flow(tx.session, flow_id=flow_id)
                 run = await open_run(orch, tx.session, flow_id, body)
