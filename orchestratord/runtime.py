@@ -25,6 +25,7 @@ from orchestratord.db.single_process import SingleProcessLock
 from orchestratord.dispatcher import Dispatcher
 from orchestratord.event_logging import EventLogLines, scrub_logs
 from orchestratord.eventlog import RUN_END, EventWriter, LogEvent
+from orchestratord.fs.guard import guard_for, make_data_roots
 from orchestratord.metrics import Metrics
 from orchestratord.pools.catalog import PoolCatalog
 from orchestratord.pools.config import PoolConfigError, PoolSpec, load_pools_file, local_pool
@@ -144,6 +145,7 @@ class Orchestrator:
             engine_breakers=BreakerBoard(breakers.config(breakers.engine_failures)),
             hub=self.hub,
             sessions=RunSessions(),
+            fs=guard_for(settings),
             poll_s=settings.stream.poll_s,
             metrics=self.metrics,
             scrubber=self.scrubber,
@@ -224,6 +226,7 @@ class Orchestrator:
         if self.lock is not None:
             self.lock.acquire()  # before anything is written: one process per SQLite file
         self.tracing = tracing.start(self.settings.tracing)
+        make_data_roots(self.settings)
         if migrate:
             await upgrade(self.db)
         await self.keeper.reap_on_start(single_process=self.db.is_sqlite)

@@ -6,13 +6,23 @@ Every field can be set as ``ORCHESTRATORD_<NAME>`` (nested: ``ORCHESTRATORD_SIM_
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from orchestrator_core.breakers import BreakerConfig
+from orchestrator_core.fs_roots import KERNEL_DIRS, root_refusal
 from orchestrator_core.outbound import AllowList
 from worker_adapters.registry import local_engines, runs_locally
 
@@ -320,6 +330,31 @@ class ProvisionSettings(BaseModel):
     )
 
 
+def _fs_root(value: str) -> str:
+    """An allowed root: absolute (a relative one is taken from the working directory), never
+    in a place no run may reach."""
+    path = os.path.abspath(value)
+    refused = root_refusal(os.path.realpath(path), allowed=["/"], protected=KERNEL_DIRS)
+    if refused is not None:
+        raise ValueError(refused[1])
+    return path
+
+
+class FsSettings(BaseModel):
+    allowed_roots: EnvList = Field(
+        default_factory=list,
+        description="Directories beneath which runs may name their fs_policy roots (resolved,"
+        " links followed); /proc, /sys, /dev and the server's database and log files are never"
+        " reachable, even beneath /; comma-separated (/srv/a,/srv/b), a JSON list or empty"
+        " (no run may touch files); unset: <data_dir>/files, made at start",
+    )
+
+    @field_validator("allowed_roots")
+    @classmethod
+    def _roots(cls, value: list[str]) -> list[str]:
+        return [_fs_root(v) for v in value]
+
+
 class EvergreenSettings(BaseModel):
     port: int | None = Field(
         default=None,
@@ -404,6 +439,18 @@ class Settings(BaseSettings):
     tracing: TracingSettings = Field(default_factory=TracingSettings)
     provision: ProvisionSettings = Field(default_factory=ProvisionSettings)
     evergreen: EvergreenSettings = Field(default_factory=EvergreenSettings)
+    data_dir: Path = Field(
+        default=Path.cwd() / "orchestratord-data",
+        description="The server's own folder; fs.allowed_roots defaults to its files/",
+    )
+    fs: FsSettings = Field(default_factory=FsSettings)
+
+    @model_validator(mode="after")
+    def _default_fs_roots(self) -> Settings:
+        self.data_dir = self.data_dir.absolute()
+        if "allowed_roots" not in self.fs.model_fields_set:
+            self.fs.allowed_roots = [str(self.data_dir / "files")]
+        return self
 
     @field_validator("log_level")
     @classmethod

@@ -6,6 +6,7 @@ import asyncio
 import fcntl
 import os
 import shutil
+import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -113,6 +114,8 @@ def make_settings(db_url: str, **overrides: Any) -> Settings:
     tools = {"allow_hosts": LOOPBACK}
     tools.update(overrides.pop("tools", {}))
     overrides.setdefault("engine", "sim")
+    # fs_op tests name roots in temporary directories: the operator's bound takes them in
+    overrides.setdefault("fs", {"allowed_roots": [tempfile.gettempdir()]})
     return Settings(
         database_url=db_url, sim=sim, stream=stream, dispatch=dispatch, tools=tools, **overrides
     )

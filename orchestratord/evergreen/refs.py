@@ -1,6 +1,7 @@
 """Chunks given by reference (``Chunk.ref``): read only from ``file://`` URIs inside the
 run's ``fs_policy`` roots, through the file broker (the same rules as an ``fs_op`` read:
-roots, allow/deny globs, no links out, UTF-8 text, a size cap). A path outside them is
+roots, allow/deny globs, no links out, UTF-8 text, a size cap, the operator's allowed roots
+and the protected places). A path outside them is
 ``PERMISSION_DENIED``; a file that cannot be read ``NOT_FOUND`` or ``INVALID_ARGUMENT``;
 any other scheme ``UNIMPLEMENTED`` naming it. A leaf's references are read in order and
 concatenated, as the protocol says."""
@@ -15,6 +16,7 @@ from urllib.parse import unquote, urlsplit
 from orchestrator_core.fs import FsPolicyViolation, FsRules
 from orchestratord.evergreen.nodes import Leaf, SessionAbort
 from orchestratord.fs.broker import FsFailure, run_op
+from orchestratord.fs.guard import FsGuard
 
 
 def _path(ref: str, node_id: str) -> str:
@@ -32,10 +34,10 @@ def _path(ref: str, node_id: str) -> str:
     return unquote(parts.path)
 
 
-def _read(rules: FsRules, ref: str, node_id: str) -> bytes:
+def _read(guard: FsGuard, rules: FsRules, ref: str, node_id: str) -> bytes:
     path = _path(ref, node_id)
     try:
-        found: dict[str, Any] = run_op(rules, "read", path, None)
+        found: dict[str, Any] = run_op(guard, rules, "read", path, None)
     except FsPolicyViolation as exc:
         raise SessionAbort("PERMISSION_DENIED", f"node {node_id!r}: {ref}: {exc.message}") from None
     except FsFailure as exc:
@@ -44,8 +46,10 @@ def _read(rules: FsRules, ref: str, node_id: str) -> bytes:
     return str(found["content"]).encode()
 
 
-async def resolved(leaves: list[Leaf], fs_policy: dict[str, Any] | None) -> list[Leaf]:
-    """``leaves`` with every reference read into its data."""
+async def resolved(
+    leaves: list[Leaf], fs_policy: dict[str, Any] | None, guard: FsGuard
+) -> list[Leaf]:
+    """``leaves`` with every reference read into its data (``guard``: the server's bounds)."""
     if not any(leaf.refs for leaf in leaves):
         return leaves
     rules = FsRules.from_policy(fs_policy)
@@ -54,6 +58,8 @@ async def resolved(leaves: list[Leaf], fs_policy: dict[str, Any] | None) -> list
         if not leaf.refs:
             out.append(leaf)
             continue
-        parts = [await asyncio.to_thread(_read, rules, ref, leaf.node_id) for ref in leaf.refs]
+        parts = [
+            await asyncio.to_thread(_read, guard, rules, ref, leaf.node_id) for ref in leaf.refs
+        ]
         out.append(replace(leaf, data=b"".join(parts), ref=None, refs=()))
     return out

@@ -160,7 +160,7 @@ class Session:
         self._count += 1
         param = acts.input_of(call, kind)
         await self.store.wait_complete([param.id], self.wait_s)
-        leaves = await resolved(self.store.leaves(param.id), self.fs_policy)
+        leaves = await resolved(self.store.leaves(param.id), self.fs_policy, self.orch.services.fs)
         planned = acts.plan(call, kind, leaves, self.ctx, list(self.orch.pools.pools))
         body: dict[str, Any] = {
             "type": planned.step_type,

@@ -10,6 +10,8 @@ usage starts at zero; the parent is not touched.
 
 from __future__ import annotations
 
+import asyncio
+
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -21,6 +23,7 @@ from orchestrator_core.lifecycle import RunStatus
 from orchestratord.db.models import Checkpoint, Fact, Run
 from orchestratord.eventlog import log_event
 from orchestratord.facts.rows import fact_row
+from orchestratord.fs.guard import FsGuard
 from orchestratord.idempotency import Token
 from orchestratord.runs.service import NEW_RUN_ACCOUNT, get_run
 from orchestratord.tx import Tx
@@ -39,9 +42,11 @@ async def _facts_until(session: AsyncSession, checkpoint: Checkpoint) -> list[Fa
     return list((await session.execute(stmt.order_by(Fact.id))).scalars())
 
 
-async def fork_run(tx: Tx, *, run_id: str, body: RunFork) -> Run:
+async def fork_run(tx: Tx, *, run_id: str, body: RunFork, fs: FsGuard) -> Run:
+    """The fork; its parent's ``fs_policy`` roots must still be in ``fs``'s bounds."""
     session = tx.session
     parent = await get_run(session, run_id=run_id)
+    await asyncio.to_thread(fs.check_roots, parent.fs_policy)
     checkpoint = await session.get(Checkpoint, body.checkpoint_id)
     if checkpoint is None or checkpoint.run_id != run_id:
         raise InvalidParams("no checkpoint with this id in the run", field="checkpoint_id")

@@ -51,6 +51,7 @@ async def open_run(orch: Orchestrator, session: AsyncSession, flow_id: str, body
         identities=orch.pools.identities(),
         prices=orch.prices,
         price_table=orch.settings.price_table,
+        fs=orch.services.fs,
     )
 
 
@@ -106,7 +107,7 @@ async def fork(
         return await first_of(session, Run, Run.flow_id == parent.flow_id, token)
 
     async def make(tx: Tx) -> Run:
-        return await fork_run(tx, run_id=run_id, body=body)
+        return await fork_run(tx, run_id=run_id, body=body, fs=orch.services.fs)
 
     run, made = await answer_once(orch.db, orch.tx, Token.of(body), find, make)
     if not made:

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import asyncio
 import secrets
 from collections.abc import Sequence
 from typing import Any
@@ -17,6 +18,7 @@ from orchestrator_core.policy import RulePolicy
 from orchestrator_core.replay import EngineIdentity
 from orchestratord.db.models import Run, Step
 from orchestratord.flows.service import get_flow
+from orchestratord.fs.guard import FsGuard
 from orchestratord.idempotency import Token
 from orchestratord.prices import PriceBook
 from orchestratord.replay.runs import check_strict, inherited
@@ -51,7 +53,10 @@ async def create_run(
     identities: dict[tuple[str, str], EngineIdentity],
     prices: PriceBook,
     price_table: str | None,
+    fs: FsGuard,
 ) -> Run:
+    """A new run; ``fs`` bounds its ``fs_policy`` roots, given or inherited from the recorded
+    run (either door, every mode)."""
     await get_flow(session, flow_id=flow_id)
     if body.mode == "record" and body.source_run_id is not None:
         raise InvalidParams(
@@ -97,6 +102,7 @@ async def create_run(
                     f"the recorded run's price table {price_version!r} is not installed here",
                     field="source_run_id",
                 ) from None
+    await asyncio.to_thread(fs.check_roots, fs_policy)
     evaluator = RulePolicy.from_policy(policy, field="policy")
     now = clock.now()
     run = Run(

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from orchestrator_core.breakers import BreakerBoard
 from orchestrator_core.secrets import Scrubber
+from orchestratord.fs.guard import FsGuard
 from orchestratord.metrics import Metrics
 from orchestratord.pools.sessions import RunSessions
 from orchestratord.streams.hub import Hub
@@ -21,6 +22,7 @@ class KindServices:
     engine_breakers: BreakerBoard
     hub: Hub  # waiting gates follow their run's events
     sessions: RunSessions  # engine sessions owned by runs (session-bound engines)
+    fs: FsGuard  # where fs_op steps and Evergreen file references may reach
     poll_s: float = 0.5  # how often a waiting gate re-reads for other processes' facts
     metrics: Metrics = field(default_factory=Metrics)
     scrubber: Scrubber = field(default_factory=Scrubber)  # masks secrets in errors shown

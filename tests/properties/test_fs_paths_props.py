@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from orchestrator_core.fs import FsPolicyViolation, FsRules, FsTarget
 from orchestratord.fs import broker
+from orchestratord.fs.guard import FsGuard
 
 NAME_REASONS = {"outside_root", "invalid_path"}
 BROKER_REASONS = NAME_REASONS | {"symlink", "not_regular"}
@@ -188,7 +189,7 @@ def test_the_broker_never_reaches_outside_its_root(
         result: dict[str, Any] | None = None
         refused = failed = None
         try:
-            result = broker.run_op(rules, op, path, "written\n")
+            result = broker.run_op(FsGuard([tmp]), rules, op, path, "written\n")
         except FsPolicyViolation as exc:
             refused = exc.reason
         except broker.FsFailure as exc:

@@ -58,7 +58,7 @@ class FsOp(ControlKind):
         rules = FsRules.from_policy(run.fs_policy)
         try:
             result = await asyncio.to_thread(
-                broker.run_op, rules, inp["op"], inp["path"], inp.get("content")
+                broker.run_op, ctx.services.fs, rules, inp["op"], inp["path"], inp.get("content")
             )
         except FsPolicyViolation as exc:
             transition = permit.failure(exc.reason)

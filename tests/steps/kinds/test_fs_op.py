@@ -52,7 +52,7 @@ async def fs(
 
 
 async def fs_run(client: httpx.AsyncClient, tree: dict[str, Path], **policy: Any) -> str:
-    fs_policy = {"roots": [str(tree["root"]), "/dev"], **policy}
+    fs_policy = {"roots": [str(tree["root"])], **policy}
     return await make_run(client, fs_policy=fs_policy)
 
 
@@ -86,7 +86,6 @@ HOSTILE: list[tuple[str, dict[str, Any], dict[str, Any], str]] = [
     ("FIFO read", {"op": "read", "path": "pipe"}, {}, "not_regular"),
     ("FIFO write", {"op": "write", "path": "pipe", "content": "x"}, {}, "not_regular"),
     ("FIFO delete", {"op": "delete", "path": "pipe"}, {}, "not_regular"),
-    ("device", {"op": "read", "path": "/dev/null"}, {}, "not_regular"),
     ("deny glob", {"op": "read", "path": ".env"}, {"deny": ["**/*.env", "**/.env"]}, "denied"),
     (
         "deny dir glob",
@@ -233,6 +232,7 @@ def test_a_link_swapped_in_before_the_rename_is_replaced_not_followed(
 ) -> None:
     from orchestrator_core.fs import FsRules
     from orchestratord.fs import broker
+    from orchestratord.fs.guard import FsGuard
 
     rules = FsRules.from_policy({"roots": [str(tree["root"])]})
 
@@ -242,7 +242,7 @@ def test_a_link_swapped_in_before_the_rename_is_replaced_not_followed(
 
     broker.before_rename = swap
     try:
-        broker.run_op(rules, "write", "a.txt", "new content")
+        broker.run_op(FsGuard([str(tree["root"])]), rules, "write", "a.txt", "new content")
     finally:
         broker.before_rename = None
     outside_untouched(tree)
@@ -256,9 +256,11 @@ def test_a_write_killed_mid_way_leaves_the_old_file_whole(tree: dict[str, Path])
         import os, signal
         from orchestrator_core.fs import FsRules
         from orchestratord.fs import broker
+        from orchestratord.fs.guard import FsGuard
         broker.before_rename = lambda fd, name: os.kill(os.getpid(), signal.SIGKILL)
         rules = FsRules.from_policy({{"roots": [{str(tree["root"])!r}]}})
-        broker.run_op(rules, "write", "a.txt", "x" * 5_000_000)
+        guard = FsGuard([{str(tree["root"])!r}])
+        broker.run_op(guard, rules, "write", "a.txt", "x" * 5_000_000)
         """
     )
     proc = subprocess.run(
