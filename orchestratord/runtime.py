@@ -229,6 +229,7 @@ class Orchestrator:
         make_data_roots(self.settings)
         if migrate:
             await upgrade(self.db)
+        self.services.fs.refresh()  # the database file exists now
         await self.keeper.reap_on_start(single_process=self.db.is_sqlite)
         if self.wakeups is not None:
             await self.wakeups.start()

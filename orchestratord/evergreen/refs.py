@@ -8,14 +8,13 @@ concatenated, as the protocol says."""
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import replace
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from orchestrator_core.fs import FsPolicyViolation, FsRules
 from orchestratord.evergreen.nodes import Leaf, SessionAbort
-from orchestratord.fs.broker import FsFailure, run_op
+from orchestratord.fs.broker import FsFailure, off_loop, run_op
 from orchestratord.fs.guard import FsGuard
 
 
@@ -58,8 +57,6 @@ async def resolved(
         if not leaf.refs:
             out.append(leaf)
             continue
-        parts = [
-            await asyncio.to_thread(_read, guard, rules, ref, leaf.node_id) for ref in leaf.refs
-        ]
+        parts = [await off_loop(_read, guard, rules, ref, leaf.node_id) for ref in leaf.refs]
         out.append(replace(leaf, data=b"".join(parts), ref=None, refs=()))
     return out

@@ -19,11 +19,13 @@ its other names may lie outside the root.
 Quotas count the regular files beneath the root. A write under a quota holds an exclusive
 ``flock`` on the root directory from its count to its rename, so concurrent writes to one
 root, from threads or from processes sharing it, are counted one after another and never
-pass the quota together.
+pass the quota together. Operations run in a thread pool of their own (:func:`off_loop`): one
+waiting for a root's lock never holds a thread that other work of the server waits for.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import fcntl
@@ -32,8 +34,9 @@ import os
 import secrets
 import stat
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from orchestrator_core.fs import RESERVED_PREFIX, FsPolicyViolation, FsRules, FsTarget
 from orchestratord.fs.guard import FsGuard
@@ -45,6 +48,14 @@ _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 # Fault injection: called between the checks of a write and its rename (tests swap links in
 # here, or kill the process).
 before_rename: Callable[[int, str], None] | None = None
+
+T = TypeVar("T")
+_POOL = ThreadPoolExecutor(max_workers=8, thread_name_prefix="fs-broker")
+
+
+async def off_loop(fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` in the broker's threads."""
+    return await asyncio.get_running_loop().run_in_executor(_POOL, fn, *args)
 
 
 class FsFailure(Exception):

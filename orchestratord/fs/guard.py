@@ -154,12 +154,16 @@ class FsGuard:
     """The operator's bounds on every run's roots, and what the broker never opens."""
 
     def __init__(self, allowed: Sequence[str], server_files: Sequence[str] = ()) -> None:
-        files = [os.path.realpath(f) for f in server_files]
+        self.files = [os.path.realpath(f) for f in server_files]
         self.bounds = RootBounds(
             allowed=tuple(os.path.realpath(a) for a in allowed),
-            protected=(*KERNEL_DIRS, *files),
+            protected=(*KERNEL_DIRS, *self.files),
         )
-        self.protected = Protected.of(files)
+        self.protected = Protected.of(self.files)
+
+    def refresh(self) -> None:
+        """Take in the inodes of server files made since (the database, once migrated)."""
+        self.protected = Protected.of(self.files)
 
     def check_roots(self, fs_policy: dict[str, Any] | None) -> None:
         """A new run's roots, or ``InvalidParams`` naming ``fs_policy.roots[i]`` (resolves

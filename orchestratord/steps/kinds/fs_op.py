@@ -1,7 +1,7 @@
 """``fs_op``: read, write, list, stat or delete a file beneath the run's ``fs_policy`` roots.
 
 The name rules are ``orchestrator_core.fs`` and the I/O is ``orchestratord.fs.broker`` (no
-path leaves its root, links are never followed, writes are atomic), run in a worker thread.
+path leaves its root, links are never followed, writes are atomic), run in the broker's threads.
 A refusal ends the step with ``FS_POLICY_VIOLATION`` and ``details.reason``; an allowed
 operation that cannot be done (a missing file, not UTF-8 text) with ``FS_ERROR``. Repeated
 violations in a run open its breaker (``fs:<run_id>``): further file steps of the run fail
@@ -11,7 +11,6 @@ result without touching the disk.
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any, ClassVar
 
 from pydantic import BaseModel
@@ -57,7 +56,7 @@ class FsOp(ControlKind):
             ctx.emit_escalation(permit.transition)
         rules = FsRules.from_policy(run.fs_policy)
         try:
-            result = await asyncio.to_thread(
+            result = await broker.off_loop(
                 broker.run_op, ctx.services.fs, rules, inp["op"], inp["path"], inp.get("content")
             )
         except FsPolicyViolation as exc:
