@@ -157,6 +157,7 @@ def _entry(guard: FsGuard, dir_fd: int, name: str, target: FsTarget) -> os.stat_
 
 
 def _open_file(guard: FsGuard, dir_fd: int, name: str, target: FsTarget) -> int:
+    guard.check_entry(dir_fd, name, None, target.relative)  # a protected name, there or not
     try:
         fd = os.open(
             name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd
@@ -343,13 +344,16 @@ def listing(
         rules.check_name(target.relative, is_dir=True)
     with _walk(guard, target, target.parts) as dir_fd:
         entries = []
+        here = os.fstat(dir_fd)
         with os.scandir(dir_fd) as it:
             for entry in it:
-                if entry.name.startswith(TMP_PREFIX):
+                if entry.name.startswith(TMP_PREFIX) or guard.protected.entry(here, entry.name):
                     continue
                 rel = f"{target.relative}/{entry.name}" if target.parts else entry.name
                 if entry.is_dir(follow_symlinks=False):
-                    if rules.visible(rel, is_dir=True):
+                    if rules.visible(rel, is_dir=True) and not guard.protected.place(
+                        entry.stat(follow_symlinks=False)
+                    ):
                         entries.append({"name": entry.name, "type": "dir", "size": 0})
                 elif entry.is_file(follow_symlinks=False) and rules.visible(rel, is_dir=False):
                     size = entry.stat(follow_symlinks=False).st_size

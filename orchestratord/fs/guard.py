@@ -12,11 +12,13 @@ Protected, whatever the operator allows: every file system the kernel shows at o
 ``/dev/shm``), those three directories themselves, and the server's own files: its SQLite
 database with whatever SQLite and the server put beside it (every name starting with the
 database file's name, existing or not: ``-wal``, ``-shm``, ``-journal``, ``.lock``), and the
-regular files its standard output and error are written to (its log).
+regular files its standard output and error are written to (its log), and its pools file
+(which may hold upstream API keys).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import os
@@ -165,9 +167,14 @@ class FsGuard:
         """Take in the inodes of server files made since (the database, once migrated)."""
         self.protected = Protected.of(self.files)
 
+    async def admit(self, fs_policy: dict[str, Any] | None) -> None:
+        """:meth:`check_roots` off the event loop, for a run that names roots."""
+        if (fs_policy or {}).get("roots"):
+            await asyncio.to_thread(self.check_roots, fs_policy)
+
     def check_roots(self, fs_policy: dict[str, Any] | None) -> None:
         """A new run's roots, or ``InvalidParams`` naming ``fs_policy.roots[i]`` (resolves
-        each root: run it off the event loop)."""
+        each root: blocking I/O)."""
         roots = list((fs_policy or {}).get("roots") or [])
         self.bounds.check(roots, os.path.realpath)
         for i, root in enumerate(roots):
@@ -228,9 +235,10 @@ class FsGuard:
 
 
 def guard_for(settings: Settings) -> FsGuard:
-    """The guard of a server with ``settings``: its allowed roots; its database and logs."""
+    """The guard of a server with ``settings``: its allowed roots; its database, its pools
+    file (upstream keys) and its logs protected."""
     database = sqlite_file(settings.database_url)
-    files = [str(database)] if database is not None else []
+    files = [str(f) for f in (database, settings.pools_file) if f is not None]
     return FsGuard(settings.fs.allowed_roots, [*files, *log_files()])
 
 

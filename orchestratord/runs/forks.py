@@ -10,8 +10,6 @@ usage starts at zero; the parent is not touched.
 
 from __future__ import annotations
 
-import asyncio
-
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -46,7 +44,7 @@ async def fork_run(tx: Tx, *, run_id: str, body: RunFork, fs: FsGuard) -> Run:
     """The fork; its parent's ``fs_policy`` roots must still be in ``fs``'s bounds."""
     session = tx.session
     parent = await get_run(session, run_id=run_id)
-    await asyncio.to_thread(fs.check_roots, parent.fs_policy)
+    await fs.admit(parent.fs_policy)
     checkpoint = await session.get(Checkpoint, body.checkpoint_id)
     if checkpoint is None or checkpoint.run_id != run_id:
         raise InvalidParams("no checkpoint with this id in the run", field="checkpoint_id")

@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import asyncio
 import secrets
 from collections.abc import Sequence
 from typing import Any
@@ -102,7 +101,7 @@ async def create_run(
                     f"the recorded run's price table {price_version!r} is not installed here",
                     field="source_run_id",
                 ) from None
-    await asyncio.to_thread(fs.check_roots, fs_policy)
+    await fs.admit(fs_policy)
     evaluator = RulePolicy.from_policy(policy, field="policy")
     now = clock.now()
     run = Run(

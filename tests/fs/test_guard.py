@@ -11,8 +11,8 @@ import pytest
 
 from orchestrator_core.fs import FsPolicyViolation, FsRules
 from orchestratord.fs import broker
-from orchestratord.fs.guard import FsGuard, kernel_devices, make_data_roots
-from orchestratord.settings import BadSetting, load_settings
+from orchestratord.fs.guard import FsGuard, guard_for, kernel_devices, make_data_roots
+from orchestratord.settings import BadSetting, Settings, load_settings
 
 VAR = "ORCHESTRATORD_FS__ALLOWED_ROOTS"
 
@@ -196,3 +196,28 @@ def test_quotas_hold_under_40_threads(tmp_path: Path) -> None:
     ends = _at_once(guard, by_files, ["x"] * 40)
     assert ends.count("ok") == 3
     assert len([p for p in other.iterdir() if not p.name.startswith(".~fs-")]) == 3
+
+
+def test_the_server_s_database_and_pools_file_are_protected(tmp_path: Path) -> None:
+    (tmp_path / "pools.yaml").write_text("api_key: secret")
+    (tmp_path / "o.db").write_text("database")
+    settings = Settings(
+        database_url=f"sqlite:///{tmp_path / 'o.db'}",
+        pools_file=tmp_path / "pools.yaml",
+        fs={"allowed_roots": [str(tmp_path)]},
+    )
+    guard = guard_for(settings)
+    rules = FsRules.from_policy({"roots": [str(tmp_path)]})
+    for name in ("pools.yaml", "o.db", "o.db-wal", "o.db.lock"):
+        assert _reason(guard, rules, "read", name) == "protected", name
+
+
+def test_a_listing_leaves_protected_places_out(tmp_path: Path) -> None:
+    (tmp_path / "o.db").write_text("database")
+    (tmp_path / "o.db-wal").write_text("wal")
+    (tmp_path / "notes.txt").write_text("notes")
+    guard = FsGuard(["/"], [str(tmp_path / "o.db")])
+    here = broker.run_op(guard, FsRules.from_policy({"roots": [str(tmp_path)]}), "list", ".", None)
+    assert [e["name"] for e in here["entries"]] == ["notes.txt"]
+    top = broker.run_op(guard, FsRules.from_policy({"roots": ["/"]}), "list", ".", None)
+    assert not {e["name"] for e in top["entries"]} & {"proc", "sys", "dev"}
