@@ -149,6 +149,7 @@ class Orchestrator:
             poll_s=settings.stream.poll_s,
             metrics=self.metrics,
             scrubber=self.scrubber,
+            engine_limits=settings.engine_limits,
         )
         self.pools.watch_breakers(self.services.engine_breakers)
         dispatch = settings.dispatch

@@ -203,6 +203,53 @@ class BreakerSettings(BaseModel):
         )
 
 
+class EngineLimitSettings(BaseModel):
+    """What an engine may send and how long it may take, for the steps that call engines
+    (llm_call, llm_plan), whatever its protocol. A step past a limit fails with
+    ``ENGINE_ERROR`` whose details name the ``reason`` and the ``limit``."""
+
+    max_token_bytes: int = Field(
+        default=64 << 10,
+        ge=1024,
+        description="Bytes of one token (UTF-8); a larger one ends the step (token_too_large,"
+        " not retriable), and an OpenAI-compatible stream line longer than such a token's JSON"
+        " is not read further",
+    )
+    max_output_bytes: int = Field(
+        default=8 << 20,
+        ge=1024,
+        description="Bytes of a step's output text (UTF-8); the token that would pass it ends"
+        " the step (output_too_large, not retriable) and is not stored",
+    )
+    max_error_bytes: int = Field(
+        default=64 << 10,
+        ge=256,
+        description="Bytes of an engine's error body read (the rest is left unread)",
+    )
+    idle_timeout_s: float = Field(
+        default=120.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="Seconds an engine may go without sending a token (keep-alives do not"
+        " count); past it the step ends (engine_idle, retriable) and the engine is let go",
+    )
+    step_deadline_s: float = Field(
+        default=1800.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="Seconds an engine step may run when no max_wall_ms (of the step or its"
+        " run) bounds it; past it the step ends (step_deadline, not retriable: a budget's"
+        " max_wall_ms asks for longer)",
+    )
+    busy_retries: int = Field(
+        default=3,
+        ge=0,
+        description="Times a step asks again an engine that answered 429 or 503 with"
+        " Retry-After before anything streamed, each after the wait it asked, while the wait"
+        " ends before the step's deadline; else the step's error carries retry_after_ms",
+    )
+
+
 class AuthSettings(BaseModel):
     """API keys (``orchestratord keys create``). Off unless keys exist or ``enabled``."""
 
@@ -428,6 +475,7 @@ class Settings(BaseSettings):
     admission: AdmissionSettings = Field(default_factory=AdmissionSettings)
     tools: ToolSettings = Field(default_factory=ToolSettings)
     breakers: BreakerSettings = Field(default_factory=BreakerSettings)
+    engine_limits: EngineLimitSettings = Field(default_factory=EngineLimitSettings)
     price_tables_dir: Path | None = Field(
         default=None, description="Folder of price tables; default: the ones shipped"
     )

@@ -11,13 +11,19 @@ from worker_adapters.base import (
     Token,
     WorkerAdapter,
 )
-from worker_adapters.errors import AdapterError, EngineFailure, EngineUnavailable
+from worker_adapters.errors import (
+    AdapterError,
+    EngineFailure,
+    EngineOverLimit,
+    EngineUnavailable,
+)
 
 __all__ = [
     "AdapterError",
     "AdapterEvent",
     "Capabilities",
     "EngineFailure",
+    "EngineOverLimit",
     "EngineUnavailable",
     "Finish",
     "GenerationRequest",

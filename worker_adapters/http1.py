@@ -15,6 +15,11 @@ measured with one client reading one engine over loopback: ``bench/engine_client
 * ``http`` and ``https``; bodies by ``Content-Length``, chunked, or ending at close;
 * a connect timeout, and a read timeout on every wait for bytes;
 * back-pressure: reading pauses while more than 256 KiB are read and not taken;
+* a bound on what is parsed without progress: more than 64 KiB read with no end of the head
+  and no body (an endless header, trailers) fails the response, since the parser joins a
+  header's pieces by copying (quadratic in a long one); a body read whole
+  (:meth:`Response.read`, :meth:`Http1Client.request`) is read up to a cap the caller gives;
+* ``Retry-After`` read (:meth:`Response.retry_after_ms`), in seconds or as a date;
 * a response closed before its end (a cancelled generation) closes its connection, so the
   engine sees the client leave and frees the slot.
 
@@ -37,11 +42,13 @@ import abc
 import asyncio
 import base64
 import contextlib
+import email.utils
 import logging
 import ssl
+import time
 import urllib.request
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import asynccontextmanager
 from http.cookiejar import CookieJar, DefaultCookiePolicy
 from typing import Any, cast
@@ -54,6 +61,10 @@ log = logging.getLogger(__name__)
 
 HIGH_WATER = 256 * 1024  # unread bytes past which the connection stops reading
 LOW_WATER = 64 * 1024
+# bytes read with no progress (no end of the head, no body, no end of the message): a head or
+# trailers longer than this is refused before the parser's copying of it can cost
+MAX_HEAD_BYTES = 64 * 1024
+MAX_BODY_BYTES = 1 << 20  # of a body read whole by request(), unless the caller says
 
 
 class HttpError(Exception):
@@ -98,6 +109,7 @@ class _Connection(asyncio.Protocol):
         self.keep_alive = False
         self.error: HttpError | None = None
         self.received = False
+        self.unparsed = 0  # bytes fed since the parser last made progress
         self.chunks: deque[bytes] = deque()
         self.buffered = 0
         self.waiter: asyncio.Future[None] | None = None
@@ -113,10 +125,14 @@ class _Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.received = True
+        self.unparsed += len(data)
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as exc:
             self.fail(Broken(f"the engine sent what is not an HTTP response ({exc})"))
+            return
+        if self.unparsed > MAX_HEAD_BYTES:
+            self.fail(Broken(f"the engine sent over {MAX_HEAD_BYTES} bytes of head or trailers"))
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -142,9 +158,11 @@ class _Connection(asyncio.Protocol):
             return
         self.status = status
         self.head_done = True
+        self.unparsed = 0
         self.wake()
 
     def on_body(self, body: bytes) -> None:
+        self.unparsed = 0
         self.chunks.append(body)
         self.buffered += len(body)
         if self.buffered > HIGH_WATER and not self.paused and self.transport is not None:
@@ -155,7 +173,9 @@ class _Connection(asyncio.Protocol):
     def on_message_complete(self) -> None:
         if self.interim:
             self.interim = False
+            self.unparsed = 0
             return
+        self.unparsed = 0
         self.complete = True
         # an HTTP/1.0 peer's "keep-alive" is not trusted (as httpx does not)
         self.keep_alive = (
@@ -229,11 +249,36 @@ class Response(abc.ABC):
         return None
 
     @abc.abstractmethod
-    def chunks(self) -> AsyncIterator[bytes]:
+    def chunks(self) -> AsyncGenerator[bytes, None]:
         """The body's bytes as they arrive (chunked encoding already removed)."""
 
-    async def read(self) -> bytes:
-        return b"".join([chunk async for chunk in self.chunks()])
+    async def read(self, limit: int | None = None) -> bytes:
+        """The body, or its first ``limit`` bytes: reading stops there (the rest is never
+        read, and the connection is not kept)."""
+        if limit is None:
+            return b"".join([chunk async for chunk in self.chunks()])
+        parts: list[bytes] = []
+        left = limit
+        async with contextlib.aclosing(self.chunks()) as body:
+            async for chunk in body:
+                parts.append(chunk[:left])
+                left -= len(parts[-1])
+                if left <= 0:
+                    self.close()
+                    break
+        return b"".join(parts)
+
+    def retry_after_ms(self) -> int | None:
+        """The ``Retry-After`` header in milliseconds (seconds or an HTTP date, RFC 9110
+        10.2.3), None when absent or unreadable; a date past is 0."""
+        value = (self.header("retry-after") or "").strip()
+        if value.isdigit():
+            return int(value) * 1000
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError, IndexError):
+            return None
+        return max(0, round((when.timestamp() - time.time()) * 1000))
 
     @abc.abstractmethod
     def close(self) -> None:
@@ -250,7 +295,7 @@ class _DirectResponse(Response):
         self._timeout_s = timeout_s
         self._closed = False
 
-    async def chunks(self) -> AsyncIterator[bytes]:
+    async def chunks(self) -> AsyncGenerator[bytes, None]:
         conn = self._conn
         while True:
             if conn.chunks:
@@ -304,7 +349,7 @@ class _ProxiedResponse(Response):
         self._closing: asyncio.Task[None] | None = None
         self._complete = self._closed = self._interrupted = False
 
-    async def chunks(self) -> AsyncIterator[bytes]:
+    async def chunks(self) -> AsyncGenerator[bytes, None]:
         while not self._complete:
             if self._closed:
                 raise Broken(f"{self.url}: the response was closed")
@@ -556,11 +601,17 @@ class Http1Client:
             self._slots.release()
 
     async def request(
-        self, method: str, path: str, *, body: bytes | None = None, timeout_s: float | None = None
+        self,
+        method: str,
+        path: str,
+        *,
+        body: bytes | None = None,
+        timeout_s: float | None = None,
+        max_bytes: int = MAX_BODY_BYTES,
     ) -> tuple[int, bytes]:
-        """A whole response: its status and body."""
+        """A response: its status and its body's first ``max_bytes`` bytes."""
         async with self.stream(method, path, body=body, timeout_s=timeout_s) as response:
-            return response.status, await response.read()
+            return response.status, await response.read(max_bytes)
 
     async def _send(self, request: bytes, url: str, timeout_s: float) -> _DirectResponse:
         for attempt in (1, 2):

@@ -8,6 +8,12 @@ module: they become :class:`EngineUnavailable` (cannot connect) or :class:`Engin
 (the engine answered badly), ``retriable`` where a retry can help. Cancelling closes the
 upstream response, which is how these servers learn to free the slot. The API key is sent as
 a bearer token and appears nowhere else (not in reprs, logs, errors or events).
+
+What an engine sends is bounded as it is read: the stream is split into lines in linear time,
+and a line longer than one token's JSON at ``max_token_bytes`` can be (:func:`line_cap`) ends
+the call (:class:`EngineOverLimit`, ``token_too_large``) without being buffered further; an
+error body is read up to ``max_error_bytes``, the rest left unread. An answer 429 or 503 with
+``Retry-After`` carries it as ``retry_after_ms`` for the step to wait and ask again.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ from worker_adapters.base import (
     Token,
     WorkerAdapter,
 )
-from worker_adapters.errors import AdapterError, EngineFailure, EngineUnavailable
+from worker_adapters.errors import AdapterError, EngineFailure, EngineOverLimit, EngineUnavailable
 from worker_adapters.http1 import ConnectFailed, Http1Client, HttpError, Response, TimedOut
 from worker_adapters.registry import EngineDefaults, EngineVariant, ReplicaConfig, UrlForms
 
@@ -39,6 +45,10 @@ log = logging.getLogger(__name__)
 _FEATURES = ("seed", "stop", "logprobs", "json_schema", "chat")
 # the most a refresh waits for the model list (less where the adapter's read timeout is less)
 _MODELS_TIMEOUT_S = 5.0
+# the most of a model list read (thousands of entries); a longer one is not JSON to us
+_MODELS_MAX_BYTES = 1 << 20
+# the most of an engine's error message shown in a step's error
+_DETAIL_CHARS = 1000
 
 _FINISH = {
     "length": "length",
@@ -65,8 +75,13 @@ class OpenAIAdapter(WorkerAdapter):
         model_hash: str | None = None,
         connections: int = 64,
         context_size: int | None = None,
+        max_token_bytes: int = 64 << 10,
+        max_error_bytes: int = 64 << 10,
     ) -> None:
         self.base_url = base_url.rstrip("/")
+        self._max_token_bytes = max_token_bytes
+        self._max_line_bytes = line_cap(max_token_bytes)
+        self._max_error_bytes = max_error_bytes
         self.model = model
         self._pinned_hash = model_hash
         self._context_size = context_size  # the operator's; else the engine's, if it tells
@@ -133,8 +148,9 @@ class OpenAIAdapter(WorkerAdapter):
             ) as response:
                 self._open[request.request_id] = response
                 if response.status >= 400:
-                    raise _status_error(response.status, await response.read())
-                async for payload in _data_lines(response):
+                    answer = await response.read(self._max_error_bytes)
+                    raise _status_error(response.status, answer, response.retry_after_ms())
+                async for payload in self._data_lines(response):
                     if done:  # read to the end of the body: the connection goes back to the pool
                         continue
                     if payload == b"[DONE]":
@@ -185,9 +201,13 @@ class OpenAIAdapter(WorkerAdapter):
     async def health(self) -> Health:
         root = self._prefix.removesuffix("/v1")
         try:
-            status, _ = await self._client.request("GET", f"{root}/health", timeout_s=3)
+            status, _ = await self._client.request(
+                "GET", f"{root}/health", timeout_s=3, max_bytes=self._max_error_bytes
+            )
             if status == 404:
-                status, _ = await self._client.request("GET", f"{self._prefix}/models", timeout_s=3)
+                status, _ = await self._client.request(
+                    "GET", f"{self._prefix}/models", timeout_s=3, max_bytes=_MODELS_MAX_BYTES
+                )
         except HttpError as exc:
             return Health(live=False, ready=False, detail=f"{type(exc).__name__}")
         if status == 200:
@@ -248,7 +268,7 @@ class OpenAIAdapter(WorkerAdapter):
         timeout = min(self._client.read_timeout_s, _MODELS_TIMEOUT_S)
         try:
             status, raw = await self._client.request(
-                "GET", f"{self._prefix}/models", timeout_s=timeout
+                "GET", f"{self._prefix}/models", timeout_s=timeout, max_bytes=_MODELS_MAX_BYTES
             )
         except HttpError as exc:
             raise EngineUnavailable(f"{url}: {type(exc).__name__}") from exc
@@ -283,6 +303,44 @@ class OpenAIAdapter(WorkerAdapter):
             extra={"base_url": self.base_url},
         )
 
+    async def _data_lines(self, response: Response) -> AsyncIterator[bytes]:
+        """The payloads of the SSE ``data:`` lines, split from raw bytes (no text decoding)
+        in time linear in the bytes: each block is split once, and the piece of a line that
+        a block leaves open is held until the line ends, never joined and split again. A
+        line past :func:`line_cap` ends the call as soon as the held bytes pass it."""
+        cap = self._max_line_bytes
+        held: list[bytes] = []
+        held_bytes = 0
+        async for block in response.chunks():
+            lines = block.split(b"\n")
+            rest = lines.pop()
+            if held and lines:  # the block's first line ends the line held
+                lines[0] = b"".join([*held, lines[0]])
+                held, held_bytes = [], 0
+            for line in lines:
+                if len(line) > cap:
+                    raise self._line_too_long()
+                if line.startswith(b"data:"):
+                    yield line[5:].strip()
+            if rest:
+                held.append(rest)
+                held_bytes += len(rest)
+                if held_bytes > cap:
+                    raise self._line_too_long()
+        last = b"".join(held)
+        if last.startswith(b"data:"):
+            yield last[5:].strip()
+
+    def _line_too_long(self) -> EngineOverLimit:
+        return EngineOverLimit(
+            f"the engine sent a stream line of over {self._max_line_bytes} bytes, more than"
+            f" a token of engine_limits.max_token_bytes ({self._max_token_bytes}) can take;"
+            " it was not read further",
+            reason="token_too_large",
+            limit="engine_limits.max_token_bytes",
+            retriable=False,
+        )
+
     async def aclose(self) -> None:
         await self._client.aclose()
 
@@ -307,17 +365,11 @@ def _count(value: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
-async def _data_lines(response: Response) -> AsyncIterator[bytes]:
-    """The payloads of the SSE ``data:`` lines, split from raw bytes (no text decoding)."""
-    pending = b""
-    async for block in response.chunks():
-        pending += block
-        *lines, pending = pending.split(b"\n")
-        for line in lines:
-            if line.startswith(b"data:"):
-                yield line[5:].strip()
-    if pending.startswith(b"data:"):
-        yield pending[5:].strip()
+def line_cap(max_token_bytes: int) -> int:
+    """The longest stream line read for tokens of ``max_token_bytes``: JSON may write each
+    byte of a token as six (``\\u0000``), and a line carries its chunk's other fields
+    (logprobs and their alternatives, usage) besides: 64 KiB for them."""
+    return 6 * max_token_bytes + (64 << 10)
 
 
 def _parse_chunk(payload: bytes) -> dict[str, Any]:
@@ -347,12 +399,14 @@ def _choice_text(choice: dict[str, Any]) -> tuple[str, float | None]:
 
 
 def _error_text(error: Any) -> str:
-    if isinstance(error, dict):
-        return str(error.get("message") or error)
-    return str(error)
+    text = str(error.get("message") or error) if isinstance(error, dict) else str(error)
+    return text if len(text) <= _DETAIL_CHARS else text[:_DETAIL_CHARS] + "..."
 
 
-def _status_error(status: int, body: bytes) -> EngineFailure:
+def _status_error(status: int, body: bytes, retry_after_ms: int | None) -> EngineFailure:
+    """An answer >= 400 as an error: its message (from the body, which the caller read up to
+    a cap), retriable where a retry can help, and how long the engine asked to wait (429 and
+    503 only, the statuses RFC 9110 gives ``Retry-After`` a retry's meaning on)."""
     text = body.decode("utf-8", "replace")
     try:
         decoded = orjson.loads(body)
@@ -360,7 +414,11 @@ def _status_error(status: int, body: bytes) -> EngineFailure:
     except orjson.JSONDecodeError:
         detail = text[:200]
     retriable = status in (408, 429) or status >= 500
-    return EngineFailure(f"engine answered HTTP {status}: {detail}", retriable=retriable)
+    return EngineFailure(
+        f"engine answered HTTP {status}: {detail}",
+        retriable=retriable,
+        retry_after_ms=retry_after_ms if status in (429, 503) else None,
+    )
 
 
 class OpenAIOptions(BaseModel):
@@ -393,6 +451,8 @@ def _build(
         read_timeout_s=options.read_timeout_s,
         connections=replica.slots,
         context_size=options.context_size,
+        max_token_bytes=defaults.max_token_bytes,
+        max_error_bytes=defaults.max_error_bytes,
     )
 
 

@@ -56,6 +56,10 @@ class EngineDefaults:
     sim_tokens_per_s: float = 50.0
     sim_eos_probability: float = 0.02
     llama_model_path: Path | None = None  # None: the packaged model
+    # what an engine may send (the settings' engine_limits): the adapters that read bytes
+    # stop reading a stream line, or an error body, past these
+    max_token_bytes: int = 64 << 10
+    max_error_bytes: int = 64 << 10
 
 
 @dataclass(frozen=True)

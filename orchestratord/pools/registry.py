@@ -377,6 +377,8 @@ def engine_defaults(settings: Settings) -> EngineDefaults:
         sim_tokens_per_s=settings.sim.tokens_per_s,
         sim_eos_probability=settings.sim.eos_probability,
         llama_model_path=settings.llama_model_path,
+        max_token_bytes=settings.engine_limits.max_token_bytes,
+        max_error_bytes=settings.engine_limits.max_error_bytes,
     )
 
 

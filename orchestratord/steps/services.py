@@ -11,6 +11,7 @@ from orchestrator_core.secrets import Scrubber
 from orchestratord.fs.guard import FsGuard
 from orchestratord.metrics import Metrics
 from orchestratord.pools.sessions import RunSessions
+from orchestratord.settings import EngineLimitSettings
 from orchestratord.streams.hub import Hub
 from orchestratord.tools.executors import ToolExecutors
 
@@ -26,6 +27,8 @@ class KindServices:
     poll_s: float = 0.5  # how often a waiting gate re-reads for other processes' facts
     metrics: Metrics = field(default_factory=Metrics)
     scrubber: Scrubber = field(default_factory=Scrubber)  # masks secrets in errors shown
+    # what engine steps allow an engine: bytes per token and per output, idle and deadline
+    engine_limits: EngineLimitSettings = field(default_factory=EngineLimitSettings)
 
     async def aclose(self) -> None:
         await self.tools.aclose()

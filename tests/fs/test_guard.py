@@ -4,7 +4,10 @@ from a mountinfo, protected names and inodes, hard links, and quotas under 40 th
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -221,3 +224,36 @@ def test_a_listing_leaves_protected_places_out(tmp_path: Path) -> None:
     assert [e["name"] for e in here["entries"]] == ["notes.txt"]
     top = broker.run_op(guard, FsRules.from_policy({"roots": ["/"]}), "list", ".", None)
     assert not {e["name"] for e in top["entries"]} & {"proc", "sys", "dev"}
+
+
+WRITER = """
+import sys, time
+from orchestrator_core.fs import FsPolicyViolation, FsRules
+from orchestratord.fs import broker
+from orchestratord.fs.guard import FsGuard
+base, root, me, at = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
+rules = FsRules.from_policy({"roots": [root], "quota_bytes": 100_000})
+guard = FsGuard([base])
+time.sleep(max(0.0, at - time.time()))
+for n in range(20):
+    try:
+        broker.run_op(guard, rules, "write", f"{me}-{n}.txt", "x" * 10_000)
+    except FsPolicyViolation:
+        pass
+"""
+
+
+def test_a_quota_holds_across_processes_sharing_a_root(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    root.mkdir()
+    at = time.time() + 2  # both start writing together, once imported
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", WRITER, str(tmp_path), str(root), me, str(at)],
+            cwd=Path(__file__).resolve().parents[2],
+        )
+        for me in ("a", "b", "c", "d")
+    ]
+    assert [p.wait(60) for p in procs] == [0, 0, 0, 0]
+    stored = [p for p in root.iterdir() if not p.name.startswith(".~fs-")]
+    assert len(stored) == 10 and sum(p.stat().st_size for p in stored) == 100_000

@@ -9,6 +9,12 @@ The step is stopped early, with ``stop_reason: "budget"``, when it reaches the d
 wall and cost budgets allow, or when its ``max_tokens`` was clamped by the budget and it
 reaches that clamp. Redact rules of the run's policy apply to the tokens before they are
 stored or streamed.
+
+What the engine may send, and how long it may take, is bounded by ``engine_limits``
+(:mod:`orchestratord.steps.engine_limits`): a token or an output too large, an engine idle too
+long, a step with no wall budget past the default deadline end the step with
+``ENGINE_ERROR`` naming the reason and the limit; a busy engine's ``Retry-After`` is waited
+out and the engine asked again, within the step's deadline.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import math
 from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -48,9 +55,17 @@ from orchestratord.engine_requests import generation_request
 from orchestratord.policies import policy_of
 from orchestratord.replay.steps import load_recorded_stream
 from orchestratord.steps.ending import Ending
+from orchestratord.steps.engine_limits import OutputMeter, busy_wait_s, watchdog
 from orchestratord.steps.kinds.base import StepContext
 from orchestratord.steps.kinds.record import StepRecord
-from worker_adapters import AdapterError, EngineUnavailable, Finish, GenerationRequest, Token
+from worker_adapters import (
+    AdapterError,
+    EngineOverLimit,
+    EngineUnavailable,
+    Finish,
+    GenerationRequest,
+    Token,
+)
 
 log = logging.getLogger("orchestratord.steps")
 METRICS_EVERY_S = 1.0
@@ -86,6 +101,9 @@ class _Progress:
     token_ids: list[int | None] = field(default_factory=list)
     finish: Finish | None = None
     first_at: float | None = None  # monotonic time of the first token
+    # monotonic time the engine was last asked for a token (inf while the step waits for its
+    # readers, not for the engine): what the idle timeout measures from
+    asked_at: float = 0.0
 
 
 class LlmCall:
@@ -149,6 +167,14 @@ class _LlmRun:
         self.breaker: CircuitBreaker = ctx.services.engine_breakers.get(
             self.pool.breaker_target(self.replica.replica_id)
         )
+        self.limits = ctx.services.engine_limits
+        self.began = clock.clock.monotonic()
+        # the step's deadline: its budget's (the runner stops the step there), else the
+        # default one, which ends the call with an error (engine_limits.step_deadline_s)
+        self.deadline_s = self.limits.step_deadline_s
+        self.default_deadline_at: float | None = self.began + self.deadline_s
+        if ctx.deadline_s is not None:
+            self.deadline_s, self.default_deadline_at = ctx.deadline_s, None
 
     async def run(self) -> Ending:
         """Announce the step, call the engine, account for the call, and end the step."""
@@ -259,7 +285,7 @@ class _LlmRun:
             ctx.emit_escalation(permit.transition)
         with tracing.span("engine.call", ctx.step, replica=self.replica.replica_id) as span:
             async with self._session(request) as bound:
-                call = await self._stream(bound, progress, redactor, comparator)
+                call = await self._served(bound, progress, redactor, comparator)
             error = call.error
             tracing.annotate(
                 span,
@@ -321,11 +347,12 @@ class _LlmRun:
                 "code": code,
                 "message": error.message,
                 "retriable": error.retriable,
-                "retry_after_ms": None,
+                "retry_after_ms": error.retry_after_ms,
                 "details": {
                     "pool_id": self.pool.pool_id,
                     "replica_id": self.replica.replica_id,
                     "tokens_out": usage.tokens_out,
+                    **_limit_details(error),
                 },
                 "correlation_id": None,
                 "provenance": provenance,
@@ -420,6 +447,46 @@ class _LlmRun:
         ) as session:
             yield dataclasses.replace(request, session=session)
 
+    async def _served(
+        self,
+        request: Any,
+        progress: _Progress,
+        redactor: StreamRedactor | None,
+        comparator: StreamComparator | None,
+    ) -> _Call:
+        """:meth:`_stream`, and again after the wait a busy engine asks for (429 or 503 with
+        ``Retry-After``, nothing streamed), while the wait ends before the step's deadline
+        (``engine_limits.busy_retries`` times at most)."""
+        call = await self._stream(request, progress, redactor, comparator)
+        for _ in range(self.limits.busy_retries):
+            if call.error is None:
+                break
+            wait_s = busy_wait_s(
+                call.error.retry_after_ms,
+                streamed=bool(progress.parts),
+                elapsed_s=clock.clock.monotonic() - self.began,
+                deadline_s=self.deadline_s,
+            )
+            if wait_s is None:
+                break
+            self.ctx.emit(
+                NarrationEvent(
+                    text=f"the engine is busy ({call.error.message}): asked again in"
+                    f" {wait_s:g} s, as it asked"
+                )
+            )
+            if await self._stopped_within(wait_s):
+                return _Call(stopped=True)
+            call = await self._stream(request, progress, redactor, comparator)
+        return call
+
+    async def _stopped_within(self, wait_s: float) -> bool:
+        """Wait ``wait_s``; True if the step was told to stop meanwhile."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(wait_s):
+                await self.ctx.stop.wait()
+        return self.ctx.stop.is_set()
+
     async def _stream(
         self,
         request: Any,
@@ -427,16 +494,22 @@ class _LlmRun:
         redactor: StreamRedactor | None,
         comparator: StreamComparator | None,
     ) -> _Call:
-        """Stream the engine's tokens into the log until it ends or the step must stop."""
-        replica = self.replica
+        """Stream the engine's tokens into the log until it ends, the step must stop, or the
+        engine takes too long (a :func:`watchdog` of engine_limits' idle and deadline)."""
         error: AdapterError | None = None
         replay_stop: str | None = None
         stopped = False
-        gen = replica.adapter.stream(request)
+        gen = self.replica.adapter.stream(request)
+        progress.asked_at = clock.clock.monotonic()
         consume = asyncio.create_task(self._consume(gen, progress, redactor, comparator))
         waiter = asyncio.create_task(self.ctx.stop.wait())
+        watch = asyncio.create_task(
+            watchdog(lambda: progress.asked_at, self.limits, self.default_deadline_at)
+        )
         try:
-            done, _ = await asyncio.wait({consume, waiter}, return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait(
+                {consume, waiter, watch}, return_when=asyncio.FIRST_COMPLETED
+            )
             if consume in done:
                 try:
                     consume.result()
@@ -444,20 +517,24 @@ class _LlmRun:
                     error = exc
                 except _ReplayStop as stop:
                     replay_stop = stop.reason
-                    with contextlib.suppress(AdapterError):
-                        await replica.adapter.cancel(request.request_id)
-            else:
-                stopped = True
+                    await self._cancel_engine(request)
+            else:  # told to stop, or the engine took too long: the call is ended
+                stopped = waiter in done
+                error = None if stopped else watch.result()
                 consume.cancel()
                 with contextlib.suppress(asyncio.CancelledError, AdapterError, _ReplayStop):
                     await consume
-                with contextlib.suppress(AdapterError):
-                    await replica.adapter.cancel(request.request_id)
+                await self._cancel_engine(request)
         finally:
             waiter.cancel()
+            watch.cancel()
             with contextlib.suppress(Exception):
                 await gen.aclose()  # type: ignore[attr-defined]
         return _Call(stopped=stopped, error=error, replay_stop=replay_stop)
+
+    async def _cancel_engine(self, request: Any) -> None:
+        with contextlib.suppress(AdapterError):
+            await self.replica.adapter.cancel(request.request_id)
 
     def _diverged(
         self,
@@ -501,6 +578,7 @@ class _LlmRun:
     ) -> None:
         steplog = self.ctx.log
         writer = self.ctx.log.writer
+        meter = OutputMeter(self.limits)
         held: deque[Token] = deque()
         began = clock.clock.monotonic()
         next_metrics = began + METRICS_EVERY_S
@@ -556,6 +634,7 @@ class _LlmRun:
 
         async for item in gen:
             if isinstance(item, Token):
+                meter.take(item.text)  # a token past engine_limits ends the step unstored
                 now = clock.clock.monotonic()
                 if now >= next_metrics:
                     metrics(now)
@@ -567,7 +646,10 @@ class _LlmRun:
                     for text in redactor.push(item.text):
                         emit(held.popleft(), text)
                 if writer.over_limit:
+                    progress.asked_at = math.inf  # waiting for readers is not the engine's idle
                     await writer.wait_drained()
+                    now = clock.clock.monotonic()
+                progress.asked_at = now
             elif isinstance(item, Finish):
                 if redactor is not None:
                     for text in redactor.flush():
@@ -582,6 +664,13 @@ class _LlmRun:
                     )
                 progress.finish = item
                 return
+
+
+def _limit_details(error: AdapterError) -> dict[str, str]:
+    """Which engine limit ended the call, and its setting (none for other errors)."""
+    if isinstance(error, EngineOverLimit):
+        return {"reason": error.reason, "limit": error.limit}
+    return {}
 
 
 def _error(
