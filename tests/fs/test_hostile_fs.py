@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -255,3 +257,19 @@ def test_quotas_hold_under_40_concurrent_writes(quota_server: tuple[httpx.Client
         assert len([p for p in by_files.iterdir() if not p.name.startswith(".~fs-")]) == 3
         assert sum(e["status"] == "succeeded" for e in ends) == 3
     probes.report.check("40 concurrent writes under quotas")
+
+
+def test_serve_stops_on_an_allowed_root_in_proc(tmp_path: Path) -> None:
+    env = {**os.environ, "ORCHESTRATORD_FS__ALLOWED_ROOTS": "/srv,/proc/self"}
+    done = subprocess.run(
+        [sys.executable, "-m", "orchestratord", "serve", "--engine", "sim", "--port", "0"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2, done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith("orchestratord: bad setting ORCHESTRATORD_FS__ALLOWED_ROOTS"), line
+    assert "never reachable" in line
