@@ -101,16 +101,30 @@ class Cancelled(OrchestratorError):
 
 
 class ToolArgsInvalid(OrchestratorError):
+    """``errors`` as listed (at most ``validation.max_errors``); ``not_listed`` found beyond
+    them; ``cut_short``: the deadline stopped the search (there may be more)."""
+
     code = "TOOL_ARGS_INVALID"
 
-    def __init__(self, tool: str, errors: list[dict[str, str]]) -> None:
+    def __init__(
+        self,
+        tool: str,
+        errors: list[dict[str, str]],
+        *,
+        not_listed: int = 0,
+        cut_short: bool = False,
+    ) -> None:
         first = errors[0] if errors else {"pointer": "", "message": "invalid"}
+        more = len(errors) - 1 + not_listed
+        details: dict[str, Any] = {"tool": tool, "field": "input.args", "errors": errors}
+        if not_listed or cut_short:
+            details.update(errors_not_listed=not_listed, errors_cut_short=cut_short)
         super().__init__(
             f"args of tool {tool!r} do not match its schema: "
             # "/" would name the key "" (RFC 6901), not the arguments themselves
             f"{first['pointer'] or '(root)'}: {first['message']}"
-            + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""),
-            details={"tool": tool, "field": "input.args", "errors": errors},
+            + (f" (and {'at least ' if cut_short else ''}{more} more)" if more > 0 else ""),
+            details=details,
         )
 
 

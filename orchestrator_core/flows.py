@@ -7,11 +7,9 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
-from jsonschema import Draft202012Validator
-from jsonschema.exceptions import SchemaError
-
 from orchestrator_core.canonical import canonical_json, normalize, sha256_of
 from orchestrator_core.errors import InvalidParams, TooLarge
+from orchestrator_core.schemas.rules import SchemaLimits, check_schema
 from orchestrator_core.secrets import secret_param
 
 
@@ -29,10 +27,21 @@ class FlowContent:
 
 @dataclass(frozen=True)
 class FlowLimits:
-    """How much a flow may declare (settings ``limits.*``)."""
+    """How much a flow may declare (settings ``limits.*``, ``validation.*``)."""
 
     max_tools: int = 128
     max_tool_schema_bytes: int = 65536
+    max_schema_nodes: int = 10_000
+    max_unique_items: int = 1_000
+
+    @property
+    def schemas(self) -> SchemaLimits:
+        """What each of its JSON Schemas answers to (``schemas.rules``)."""
+        return SchemaLimits(
+            max_bytes=self.max_tool_schema_bytes,
+            max_nodes=self.max_schema_nodes,
+            max_unique_items=self.max_unique_items,
+        )
 
     def check(self, tools: list[dict[str, Any]]) -> None:
         if len(tools) > self.max_tools:
@@ -91,34 +100,25 @@ def normalize_flow(
 ) -> FlowContent:
     """Validate tool schemas, order tools by name, and hash the canonical content.
 
-    Tool order is not material (tools are looked up by name), so ``[a, b]`` and ``[b, a]``
-    are the same flow.
+    Every JSON Schema (tools' ``parameters``, ``config.fact_schemas``) passes
+    ``schemas.rules`` (with the default limits when none are given). Tool order is not
+    material (tools are looked up by name), so ``[a, b]`` and ``[b, a]`` are the same flow.
     """
     if limits is not None:
         limits.check(tools)
+    schema_limits = (limits or FlowLimits()).schemas
     seen: set[str] = set()
     for i, tool in enumerate(tools):
         name = unicodedata.normalize("NFC", tool["name"])
         if name in seen:
             raise InvalidParams(f"tool name {name!r} is used twice", field=f"tools[{i}].name")
         seen.add(name)
-        try:
-            Draft202012Validator.check_schema(tool["parameters"])
-        except SchemaError as exc:
-            raise InvalidParams(
-                f"not a valid JSON Schema 2020-12: {exc.message}", field=f"tools[{i}].parameters"
-            ) from exc
+        check_schema(tool["parameters"], field=f"tools[{i}].parameters", limits=schema_limits)
     fact_schemas = config.get("fact_schemas", {})
     if not isinstance(fact_schemas, dict):
         raise InvalidParams("must map fact types to JSON Schemas", field="config.fact_schemas")
     for fact_type, schema in fact_schemas.items():
-        try:
-            Draft202012Validator.check_schema(schema)
-        except SchemaError as exc:
-            raise InvalidParams(
-                f"not a valid JSON Schema 2020-12: {exc.message}",
-                field=f"config.fact_schemas.{fact_type}",
-            ) from exc
+        check_schema(schema, field=f"config.fact_schemas.{fact_type}", limits=schema_limits)
     n_ast = normalize(ast, "ast")
     n_tools = sorted(
         (normalize(t, f"tools[{i}]") for i, t in enumerate(tools)), key=lambda t: t["name"]

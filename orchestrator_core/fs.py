@@ -12,13 +12,13 @@ the name cannot tell (symlinks, devices, FIFOs, quotas) is the broker's to refus
 
 from __future__ import annotations
 
-import re
 import unicodedata
 from dataclasses import dataclass
 from typing import Any
 
 from orchestrator_core.errors import OrchestratorError
 from orchestrator_core.policy import path_glob_to_regex
+from orchestrator_core.regexes import Regex
 
 MAX_PATH = 4096
 MAX_NAME_BYTES = 255
@@ -66,8 +66,8 @@ RESERVED_PREFIX = ".~fs-"
 @dataclass(frozen=True)
 class FsRules:
     roots: tuple[str, ...]
-    allow: tuple[re.Pattern[str], ...]
-    deny: tuple[re.Pattern[str], ...]
+    allow: tuple[Regex, ...]  # globs on RE2: linear in the path, whatever the glob
+    deny: tuple[Regex, ...]
     quota_bytes: int | None
     quota_files: int | None
 
@@ -77,8 +77,14 @@ class FsRules:
         roots = tuple(r.rstrip("/") or "/" for r in policy.get("roots") or [])
         return cls(
             roots=roots,
-            allow=tuple(path_glob_to_regex(g) for g in policy.get("allow") or []),
-            deny=tuple(path_glob_to_regex(g) for g in policy.get("deny") or []),
+            allow=tuple(
+                path_glob_to_regex(g, field=f"fs_policy.allow[{i}]")
+                for i, g in enumerate(policy.get("allow") or [])
+            ),
+            deny=tuple(
+                path_glob_to_regex(g, field=f"fs_policy.deny[{i}]")
+                for i, g in enumerate(policy.get("deny") or [])
+            ),
             quota_bytes=policy.get("quota_bytes"),
             quota_files=policy.get("quota_files"),
         )

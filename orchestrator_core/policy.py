@@ -15,13 +15,14 @@ stream of token texts (:class:`StreamRedactor`), and all three agree: every non-
 every pattern is found in the original text, overlapping or touching matches merge into one
 span, and each span is replaced by a single mask.
 
-Pure Python: only the standard library and ``orchestrator_core`` modules.
+Every pattern and glob of a policy runs on RE2 (``orchestrator_core.regexes``,
+``orchestrator_core.globs``), in time linear in the text it is matched against: a redact
+``pattern`` RE2 cannot run (backreferences, lookaround) is refused at run creation, naming
+``policy.rules[i].pattern``. The redaction helpers also take Python ``re`` patterns (tests).
 """
 
 from __future__ import annotations
 
-import fnmatch
-import re
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -29,6 +30,8 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 from orchestrator_core.canonical import sha256_of
 from orchestrator_core.errors import InvalidParams, OrchestratorError
+from orchestrator_core.globs import name_glob, path_glob
+from orchestrator_core.regexes import Pattern, Regex, compile_regex
 
 __all__ = [
     "DEFAULT_MASK",
@@ -51,6 +54,10 @@ DEFAULT_MASK = "[REDACTED]"
 MATCH_FIELDS: tuple[str, ...] = ("step_type", "tool", "model", "pool", "path")
 _EFFECTS = ("allow", "deny", "redact")
 _RULE_KEYS = frozenset({"id", "effect", "match", "pattern"})
+# A redact pattern runs over every token's window (``StreamRedactor``, 64 characters): at
+# RE2's worst (``schemas.bounds.NS_PER_REGEX_UNIT``) 1,000 instructions cost a token under
+# 4 ms. Secrets' patterns are far smaller (``sk-[A-Za-z0-9]{20,}`` is about 30).
+MAX_REDACT_PROGRAM = 1000
 
 Effect = Literal["allow", "deny", "redact"]
 
@@ -75,7 +82,7 @@ class PolicySubject:
 @dataclass(frozen=True)
 class Redaction:
     rule_id: str
-    pattern: re.Pattern[str]
+    pattern: Regex
 
 
 @dataclass(frozen=True)
@@ -100,7 +107,7 @@ class Decision:
     log: tuple[DecisionLogEntry, ...]
 
     @property
-    def patterns(self) -> tuple[re.Pattern[str], ...]:
+    def patterns(self) -> tuple[Regex, ...]:
         """The redaction patterns, in rule order, ready for the redaction helpers."""
         return tuple(r.pattern for r in self.redactions)
 
@@ -147,53 +154,25 @@ def enforce(evaluator: PolicyEvaluator, subject: PolicySubject) -> Decision:
 # --- matching ----------------------------------------------------------------------------------
 
 
-def path_glob_to_regex(glob: str) -> re.Pattern[str]:
-    """Compile a path glob: ``**`` crosses directories, ``*`` and ``?`` stay within one.
-
-    ``**`` -> ``.*``, ``*`` -> ``[^/]*``, ``?`` -> ``[^/]``; ``**/`` also matches zero
+def path_glob_to_regex(glob: str, *, field: str = "glob") -> Regex:
+    """Compile a path glob (:func:`orchestrator_core.globs.path_glob`, on RE2): ``**``
+    crosses directories, ``*`` and ``?`` stay within one; ``**/`` also matches zero
     directories (``src/**/x.py`` matches ``src/x.py``). Every other character is literal (no
-    character classes). The whole path must match.
-    """
-    out: list[str] = []
-    i, n = 0, len(glob)
-    while i < n:
-        if glob.startswith("**", i):
-            i += 2
-            if glob.startswith("/", i):
-                out.append("(?:.*/)?")
-                i += 1
-            else:
-                out.append(".*")
-        elif glob[i] == "*":
-            out.append("[^/]*")
-            i += 1
-        elif glob[i] == "?":
-            out.append("[^/]")
-            i += 1
-        else:
-            out.append(re.escape(glob[i]))
-            i += 1
-    return re.compile("".join(out), re.DOTALL)
+    character classes). The whole path must match (``fullmatch``)."""
+    return path_glob(glob, field=field)
 
 
 @dataclass(frozen=True)
 class _Rule:
     id: str
     effect: Effect
-    match: tuple[tuple[str, str], ...]
-    path_regex: re.Pattern[str] | None
-    pattern: re.Pattern[str] | None
+    globs: tuple[tuple[str, Regex], ...]  # (match field, its glob compiled)
+    pattern: Regex | None
 
     def matches(self, subject: PolicySubject) -> bool:
-        for name, glob in self.match:
+        for name, glob in self.globs:
             value: str | None = getattr(subject, name)
-            if value is None:
-                return False
-            if name == "path":
-                assert self.path_regex is not None
-                if self.path_regex.fullmatch(value) is None:
-                    return False
-            elif not fnmatch.fnmatchcase(value, glob):
+            if value is None or glob.fullmatch(value) is None:
                 return False
         return True
 
@@ -203,8 +182,9 @@ class RulePolicy:
 
     Matching: a rule matches a subject when every field given in its ``match`` matches the
     subject's field (an empty ``match`` matches everything). ``step_type``, ``tool``, ``model``
-    and ``pool`` are shell-style globs (:func:`fnmatch.fnmatchcase`, case-sensitive: ``gpt-*``
-    matches ``gpt-4o``; a string without wildcards matches exactly). ``path`` is a path glob
+    and ``pool`` are shell-style globs (read as :func:`fnmatch.fnmatchcase` reads them, on RE2:
+    ``orchestrator_core.globs.name_glob``; case-sensitive: ``gpt-*`` matches ``gpt-4o``; a
+    string without wildcards matches exactly). ``path`` is a path glob
     (:func:`path_glob_to_regex`: ``**`` crosses directories, ``*`` and ``?`` do not). A field
     given in ``match`` whose subject value is ``None`` does not match.
 
@@ -217,8 +197,8 @@ class RulePolicy:
 
     Validation (at construction, as :class:`InvalidParams` naming the field, such as
     ``policy.rules[2].pattern``): the rule shape and types, duplicate ids, a redact rule without
-    a pattern, an invalid regex, a pattern that matches the empty string, and an allow/deny
-    rule that carries a pattern.
+    a pattern, a regex RE2 cannot run or larger than ``MAX_REDACT_PROGRAM``, a pattern that
+    matches the empty string, and an allow/deny rule that carries a pattern.
 
     ``policy_hash`` is :func:`sha256_of` the normalized rules (match fields that are not given
     left out, ``pattern`` only on redact rules), so it is stable across key order and spelling
@@ -273,15 +253,8 @@ class RulePolicy:
                 raise InvalidParams('must be "allow", "deny" or "redact"', field=f"{at}.effect")
             match = _validate_match(raw.get("match"), f"{at}.match")
             pattern = _validate_pattern(effect, raw.get("pattern"), f"{at}.pattern")
-            path_glob = dict(match).get("path")
             compiled.append(
-                _Rule(
-                    id=rule_id,
-                    effect=effect,
-                    match=match,
-                    path_regex=path_glob_to_regex(path_glob) if path_glob is not None else None,
-                    pattern=pattern,
-                )
+                _Rule(id=rule_id, effect=effect, globs=_globs(match, at), pattern=pattern)
             )
             norm: dict[str, Any] = {"id": rule_id, "effect": effect, "match": dict(match)}
             if pattern is not None:
@@ -344,7 +317,14 @@ def _validate_match(raw: Any, at: str) -> tuple[tuple[str, str], ...]:
     return tuple(out)
 
 
-def _validate_pattern(effect: str, raw: Any, at: str) -> re.Pattern[str] | None:
+def _globs(match: tuple[tuple[str, str], ...], at: str) -> tuple[tuple[str, Regex], ...]:
+    return tuple(
+        (name, (path_glob if name == "path" else name_glob)(glob, field=f"{at}.match.{name}"))
+        for name, glob in match
+    )
+
+
+def _validate_pattern(effect: str, raw: Any, at: str) -> Regex | None:
     if effect != "redact":
         if raw is not None:
             raise InvalidParams(f"only redact rules take a pattern, not {effect}", field=at)
@@ -353,10 +333,13 @@ def _validate_pattern(effect: str, raw: Any, at: str) -> re.Pattern[str] | None:
         raise InvalidParams("a redact rule needs a pattern", field=at)
     if not isinstance(raw, str):
         raise InvalidParams("must be a string (a regular expression)", field=at)
-    try:
-        pattern = re.compile(raw)
-    except re.error as exc:
-        raise InvalidParams(f"invalid regular expression: {exc}", field=at) from exc
+    pattern = compile_regex(raw, field=at)
+    if pattern.units > MAX_REDACT_PROGRAM:
+        raise InvalidParams(
+            f"a redact pattern compiles to at most {MAX_REDACT_PROGRAM} RE2 instructions, not "
+            f"{pattern.units}: it runs over every token's window",
+            field=at,
+        )
     if pattern.search("") is not None:
         raise InvalidParams("pattern matches the empty string", field=at)
     return pattern
@@ -377,13 +360,13 @@ def _merge(spans: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
     return merged
 
 
-def _spans(text: str, patterns: Sequence[re.Pattern[str]]) -> list[tuple[int, int]]:
+def _spans(text: str, patterns: Sequence[Pattern]) -> list[tuple[int, int]]:
     return _merge(
         (m.start(), m.end()) for p in patterns for m in p.finditer(text) if m.end() > m.start()
     )
 
 
-def redact_text(text: str, patterns: Sequence[re.Pattern[str]], mask: str = DEFAULT_MASK) -> str:
+def redact_text(text: str, patterns: Sequence[Pattern], mask: str = DEFAULT_MASK) -> str:
     """Replace every match of every pattern with ``mask``.
 
     All patterns run on the original text (a mask is never matched again); empty matches are
@@ -401,7 +384,7 @@ def redact_text(text: str, patterns: Sequence[re.Pattern[str]], mask: str = DEFA
     return "".join(out)
 
 
-def redact_json(value: Any, patterns: Sequence[re.Pattern[str]], mask: str = DEFAULT_MASK) -> Any:
+def redact_json(value: Any, patterns: Sequence[Pattern], mask: str = DEFAULT_MASK) -> Any:
     """Redact every string value (not object keys) in a JSON value, recursively.
 
     Returns a new value; lists stay lists, tuples stay tuples, other scalars are unchanged.
@@ -447,7 +430,7 @@ class StreamRedactor:
 
     def __init__(
         self,
-        patterns: Sequence[re.Pattern[str]],
+        patterns: Sequence[Pattern],
         *,
         window_chars: int = 64,
         mask: str = DEFAULT_MASK,

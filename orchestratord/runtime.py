@@ -14,6 +14,7 @@ from orchestrator_core.admission import AdmissionPolicy
 from orchestrator_core.breakers import BreakerBoard
 from orchestrator_core.flows import FlowLimits
 from orchestrator_core.pricing import Price
+from orchestrator_core.schemas.bounds import ValidationBound
 from orchestratord import tracing
 from orchestratord.auth.guard import KeyGuard
 from orchestratord.auth.rates import KeyRates
@@ -47,6 +48,7 @@ from orchestratord.streams.hub import Hub
 from orchestratord.streams.wakeups import LogWakeups
 from orchestratord.tools.executors import HttpToolSettings, ToolExecutors
 from orchestratord.tx import Tx
+from orchestratord.validation import Validation
 
 log = logging.getLogger(__name__)
 
@@ -125,9 +127,20 @@ class Orchestrator:
             tokens_per_minute=limits.tokens_per_minute,
         )
         self.key_streams = KeyStreams(limits.max_followers_per_key)
+        checks = settings.validation
         self.flow_limits = FlowLimits(
             max_tools=limits.max_tools_per_flow,
             max_tool_schema_bytes=limits.max_tool_schema_bytes,
+            max_schema_nodes=checks.max_schema_nodes,
+            max_unique_items=checks.max_unique_items,
+        )
+        self.validation = Validation(
+            ValidationBound(
+                deadline_s=checks.deadline_s,
+                max_errors=checks.max_errors,
+                inline_max_work=checks.inline_max_work,
+            ),
+            workers=checks.workers,
         )
         tools, breakers = settings.tools, settings.breakers
         self.services = KindServices(
@@ -279,6 +292,7 @@ class Orchestrator:
         await self.services.aclose()
         if self.wakeups is not None:
             await self.wakeups.stop()
+        self.validation.close()
         await self.db.dispose()
         await tracing.stop(self.tracing)  # the last spans exported
         if self.lock is not None:

@@ -250,6 +250,51 @@ class EngineLimitSettings(BaseModel):
     )
 
 
+class ValidationSettings(BaseModel):
+    """Client JSON Schemas and the values checked against them (tool args, fact data): what a
+    schema may declare, how long a check may run, and how many errors an answer lists."""
+
+    deadline_s: float = Field(
+        default=2.0,
+        gt=0,
+        le=600,
+        allow_inf_nan=False,
+        description="Seconds one check may run (a value against its schema; each schema a flow"
+        " declares); past it the request is refused (413, limit validation.deadline_s)",
+    )
+    max_errors: int = Field(
+        default=100,
+        ge=1,
+        le=10_000,
+        description="Errors a 422 lists; the others are counted (details.errors_not_listed)",
+    )
+    max_schema_nodes: int = Field(
+        default=10_000,
+        ge=100,
+        description="Subschemas a schema may apply to one value with its $refs expanded"
+        " (checked when a flow declares it)",
+    )
+    max_unique_items: int = Field(
+        default=1_000,
+        ge=1,
+        description="The largest maxItems a uniqueItems array of objects or arrays may declare"
+        " (one without maxItems is refused)",
+    )
+    inline_max_work: int = Field(
+        default=200_000,
+        ge=0,
+        description="Checks cheaper than this (the value's JSON bytes times its schema's"
+        " weight) run on the event loop; costlier ones on a worker thread, outside the write"
+        " transaction",
+    )
+    workers: int = Field(
+        default=1,
+        ge=1,
+        le=16,
+        description="Worker threads for costly checks; more at once wait their turn",
+    )
+
+
 class AuthSettings(BaseModel):
     """API keys (``orchestratord keys create``). Off unless keys exist or ``enabled``."""
 
@@ -476,6 +521,7 @@ class Settings(BaseSettings):
     tools: ToolSettings = Field(default_factory=ToolSettings)
     breakers: BreakerSettings = Field(default_factory=BreakerSettings)
     engine_limits: EngineLimitSettings = Field(default_factory=EngineLimitSettings)
+    validation: ValidationSettings = Field(default_factory=ValidationSettings)
     price_tables_dir: Path | None = Field(
         default=None, description="Folder of price tables; default: the ones shipped"
     )

@@ -6,28 +6,31 @@ and an unexpected property points at itself, so a client can mark the exact fiel
 ``anyOf``/``oneOf`` failure is one error at the value, not one per branch. Values quoted in
 messages are cut to about 80 characters.
 
-Validators are compiled once per schema and kept in an LRU: the same tool is checked on
-every call. Schemas are assumed valid (``orchestrator_core.flows`` checks them when a tool
-is declared).
+Validation runs on ``orchestrator_core.schemas``: RE2 regexes, a deadline
+(``validation.deadline_s``: 413 past it), at most ``validation.max_errors`` errors listed
+(the rest counted), and, for arguments costly against their schema, off the event loop when
+the caller can (``schemas.bounds``). Validators are compiled once per schema and kept in an
+LRU: the same tool is checked on every call. Schemas are assumed to have passed
+``schemas.rules`` (``orchestrator_core.flows`` checks them when a tool is declared).
 """
 
 from __future__ import annotations
 
 import ast
-import json
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any
 
-import orjson
-from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError
 
 from orchestrator_core.errors import ToolArgsInvalid
+from orchestrator_core.schemas.bounds import ValidationTimeout, current, deadline, timed_out
+from orchestrator_core.schemas.instance import Found, checked, find_errors
+from orchestrator_core.schemas.validator import additional, validator_for
 
-_CACHE_SIZE = 512
+__all__ = ["ArgError", "arg_errors", "check_args", "pointer_of", "validator_for"]
+
 _MAX_REPR = 80
 _MAX_MESSAGE = 200
 _LISTED = re.compile(r"\((.*) (?:was|were) (?:unexpected|unevaluated and invalid)\)$", re.S)
@@ -47,27 +50,6 @@ class ArgError:
 def pointer_of(path: Iterable[Any]) -> str:
     """RFC 6901: ``~`` is ``~0`` and ``/`` is ``~1`` inside a token."""
     return "".join("/" + str(p).replace("~", "~0").replace("/", "~1") for p in path)
-
-
-def _key(schema: dict[str, Any]) -> bytes:
-    # Exact JSON, not the canonical form: NFC normalization would make schemas naming
-    # different property spellings share a validator. orjson keeps a hit cheap.
-    try:
-        return orjson.dumps(schema, option=orjson.OPT_SORT_KEYS)
-    except TypeError:  # integers beyond 64 bits
-        return json.dumps(schema, sort_keys=True).encode()
-
-
-@lru_cache(maxsize=_CACHE_SIZE)
-def _compiled(key: bytes) -> Draft202012Validator:
-    # Compiled from the key's own copy: later changes to the caller's dict cannot make the
-    # validator disagree with its key. json, not orjson, reads big integers exactly.
-    return Draft202012Validator(json.loads(key))
-
-
-def validator_for(schema: dict[str, Any]) -> Draft202012Validator:
-    """The compiled validator of ``schema``, shared by every equal schema."""
-    return _compiled(_key(schema))
 
 
 def _short(value: Any) -> str:
@@ -100,7 +82,7 @@ def _unevaluated(message: str) -> list[str] | None:
     return list(names)
 
 
-def _errors_of(error: ValidationError) -> list[ArgError]:
+def _errors_of(error: ValidationError) -> Iterable[ArgError]:
     path = list(error.absolute_path)
     instance, kind, value = error.instance, error.validator, error.validator_value
     if isinstance(instance, dict):
@@ -119,8 +101,8 @@ def _errors_of(error: ValidationError) -> list[ArgError]:
                 if name not in instance
             ]
         if kind == "additionalProperties" and value is False:
-            extra = _additional(instance, error.schema)
-            return [ArgError(pointer_of([*path, name]), "is not allowed") for name in extra]
+            extra = additional(instance, error.schema)  # lazily: 200,000 of them is an attack
+            return (ArgError(pointer_of([*path, name]), "is not allowed") for name in extra)
         if kind == "unevaluatedProperties":
             names = _unevaluated(error.message)
             if names is not None:
@@ -133,27 +115,45 @@ def _errors_of(error: ValidationError) -> list[ArgError]:
     return [ArgError(pointer_of(path), _message(error))]
 
 
-def _additional(instance: dict[str, Any], schema: Any) -> list[str]:
-    # The rule of jsonschema's additionalProperties keyword, which keeps its own private.
-    properties = schema.get("properties", {}) if isinstance(schema, dict) else {}
-    patterns = "|".join(schema.get("patternProperties", {})) if isinstance(schema, dict) else ""
-    return [
-        name
-        for name in instance
-        if name not in properties and not (patterns and re.search(patterns, name))
-    ]
+def _count_of(error: ValidationError) -> int:
+    """How many errors ``_errors_of`` would make of ``error``, without making them."""
+    instance, kind, value = error.instance, error.validator, error.validator_value
+    if isinstance(instance, dict):
+        if kind == "required" and isinstance(value, list):
+            return sum(1 for name in value if name not in instance)
+        if kind == "additionalProperties" and value is False:
+            return len(additional(instance, error.schema))
+        if kind in ("dependentRequired", "unevaluatedProperties"):
+            return sum(1 for _ in _errors_of(error))
+    return 1
+
+
+def _found(schema: dict[str, Any], args: Any) -> Found[ArgError]:
+    return find_errors(schema, args, _errors_of, _count_of, field="input.args")
 
 
 def arg_errors(schema: dict[str, Any], args: Any) -> list[ArgError]:
-    """Every way ``args`` breaks ``schema``, sorted by pointer then message; empty if none."""
-    found: set[ArgError] = set()
-    for error in validator_for(schema).iter_errors(args):
-        found.update(_errors_of(error))
-    return sorted(found)
+    """The ways ``args`` break ``schema``, sorted by pointer then message, at most
+    ``validation.max_errors`` of them; empty if none. Checked here, under the deadline: one
+    past it is an error at the arguments."""
+    try:
+        with deadline(current().deadline_s):
+            return _found(schema, args).listed
+    except ValidationTimeout:
+        return [ArgError("", "could not be checked against the schema within the deadline")]
 
 
 def check_args(tool: str, schema: dict[str, Any], args: Any) -> None:
-    """Raise ``ToolArgsInvalid`` listing every error when ``args`` break ``schema``."""
-    errors = arg_errors(schema, args)
-    if errors:
-        raise ToolArgsInvalid(tool, [e.as_dict() for e in errors])
+    """Raise ``ToolArgsInvalid`` listing the errors (at most ``validation.max_errors``, and
+    how many more) when ``args`` break ``schema``; ``TooLarge`` when the check outlasts the
+    deadline. Costly arguments are checked off the event loop when the caller can."""
+    checked(b"args:", schema, args, lambda: _check_now(tool, schema, args))
+
+
+def _check_now(tool: str, schema: dict[str, Any], args: Any) -> None:
+    try:
+        found = _found(schema, args)
+    except ValidationTimeout:
+        raise timed_out("input.args") from None
+    if found.listed:
+        raise ToolArgsInvalid(tool, [e.as_dict() for e in found.listed], **found.counts())

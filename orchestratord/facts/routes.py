@@ -60,7 +60,11 @@ async def emit_fact(
         fact = await repo.emit_fact(tx, run_id=run_id, body=body)
         return FactOut.model_validate(fact, from_attributes=True)
 
-    out, made = await answer_once(orch.db, orch.tx, Token.of(body), find, make)
+    # costly data (its schema, its redaction) is checked on a worker thread, outside the
+    # transaction
+    out, made = await orch.validation.offloading(
+        lambda: answer_once(orch.db, orch.tx, Token.of(body), find, make)
+    )
     if not made:
         response.status_code = 200
     return out

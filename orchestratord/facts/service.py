@@ -6,7 +6,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import sqlalchemy as sa
-from jsonschema import Draft202012Validator
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from contracts.events import FactEvent
@@ -16,6 +15,13 @@ from orchestrator_core.canonical import normalize, sha256_of
 from orchestrator_core.errors import InvalidParams, NotFound
 from orchestrator_core.lifecycle import RunStatus, check_run_accepts_steps
 from orchestrator_core.policy import PolicySubject, redact_json
+from orchestrator_core.regexes import Regex
+from orchestrator_core.schemas.instance import (
+    check_data,
+    checked,
+    regex_weight,
+    within_regex_bound,
+)
 from orchestratord.db.models import Checkpoint, Fact, Flow, Run, Step
 from orchestratord.eventlog import log_event
 from orchestratord.flows.service import get_flow
@@ -38,21 +44,7 @@ async def emit_fact(tx: Tx, *, run_id: str, body: FactCreate) -> Fact:
     schema = (flow.config.get("fact_schemas") or {}).get(body.type) if flow else None
     data = normalize(body.data, "data")
     decision = policy_of(run).evaluate(PolicySubject(step_type="fact"))
-    if decision.patterns:  # facts are stored and streamed redacted
-        data = redact_json(data, decision.patterns)
-    if schema is not None:
-        errors = sorted(Draft202012Validator(schema).iter_errors(data), key=lambda e: e.path)
-        if errors:
-            details = [
-                {
-                    "field": ".".join(["data", *(str(p) for p in e.absolute_path)]),
-                    "message": e.message,
-                }
-                for e in errors
-            ]
-            raise InvalidParams(
-                details[0]["message"], field=details[0]["field"], details={"errors": details}
-            )
+    data = _redacted_and_checked(data, decision.patterns, schema)
     if body.step_id is not None:
         step = await session.get(Step, body.step_id)
         if step is None or step.run_id != run_id:
@@ -87,6 +79,30 @@ async def emit_fact(tx: Tx, *, run_id: str, body: FactCreate) -> Fact:
         ]
     )
     return fact
+
+
+def _redacted_and_checked(data: Any, patterns: Sequence[Regex], schema: Any) -> Any:
+    """The data as stored: redacted (facts are stored and streamed redacted), then checked
+    against the fact type's schema, if any. Both are bounded, and run off the event loop
+    when costly and the caller offloads (``Validation.offloading``)."""
+    if not patterns and schema is None:
+        return data
+
+    def check() -> Any:
+        within_regex_bound(data, patterns, field="data")
+        redacted = redact_json(data, patterns) if patterns else data
+        if schema is not None:
+            check_data(schema, redacted, field="data")
+        return redacted
+
+    kind = b"fact:" + "\0".join(p.pattern for p in patterns).encode()
+    return checked(
+        kind,
+        schema if schema is not None else True,
+        data,
+        check,
+        extra_weight=regex_weight(patterns),
+    )
 
 
 async def list_facts(

@@ -23,9 +23,13 @@ router = APIRouter(tags=["flows"])
 async def create_flow(
     body: FlowCreate, response: Response, orch: Orchestrator = Depends(orchestrator)
 ) -> FlowCreated:
-    async with orch.tx() as tx:
-        flow, created = await repo.create_flow(tx.session, body=body, limits=orch.flow_limits)
-        out = FlowCreated.model_validate(flow, from_attributes=True)
+    async def create() -> tuple[FlowCreated, bool]:
+        async with orch.tx() as tx:
+            flow, created = await repo.create_flow(tx.session, body=body, limits=orch.flow_limits)
+            return FlowCreated.model_validate(flow, from_attributes=True), created
+
+    # the flow's schemas are checked on a worker thread, before its transaction
+    out, created = await orch.validation.offloading(create)
     if not created:
         response.status_code = 200
     return out

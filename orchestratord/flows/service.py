@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import math
+
 import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -7,7 +9,8 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from contracts.flows import FlowCreate
 from orchestrator_core import clock
 from orchestrator_core.errors import NotFound
-from orchestrator_core.flows import FlowLimits, normalize_flow
+from orchestrator_core.flows import FlowContent, FlowLimits, normalize_flow
+from orchestrator_core.schemas.bounds import bounded_call
 from orchestratord.db.models import Flow
 
 
@@ -15,14 +18,22 @@ async def create_flow(
     session: AsyncSession, *, body: FlowCreate, limits: FlowLimits | None = None
 ) -> tuple[Flow, bool]:
     """Store a flow by content; the same content returns the stored flow (created=False),
-    also when a concurrent request (in any process) stored it first."""
-    content = normalize_flow(
-        ast=body.ast,
-        # unset optional executor fields are not content: adding one keeps old flow ids
-        tools=[t.model_dump(mode="json", exclude_none=True) for t in body.tools],
-        config=body.config,
-        limits=limits,
-    )
+    also when a concurrent request (in any process) stored it first.
+
+    Its schemas are checked off the event loop where the caller offloads
+    (``Validation.offloading``): about a millisecond per subschema on the meta-schema alone,
+    each schema within ``validation.deadline_s``."""
+
+    def normalized() -> FlowContent:
+        return normalize_flow(
+            ast=body.ast,
+            # unset optional executor fields are not content: adding one keeps old flow ids
+            tools=[t.model_dump(mode="json", exclude_none=True) for t in body.tools],
+            config=body.config,
+            limits=limits,
+        )
+
+    content = bounded_call(b"flow", body, lambda: math.inf, normalized, seconds=math.inf)
     existing = await session.get(Flow, content.flow_id)
     if existing is not None:
         return existing, False

@@ -118,22 +118,27 @@ async def submit_now(
     if principal is not None:
         orch.rates.check_tokens(principal.key_id)
     announced: list[str] = []
-    async with orch.tx() as tx:
 
-        def announce(new: Step) -> None:
-            # its log is empty until it commits: its streams start from memory
-            step_id = new.step_id
-            announced.append(step_id)
-            tx.on_rollback(lambda: orch.hub.forget_step(step_id))
-            orch.hub.expect_step(step_id, cancel_on_disconnect=new.cancel_on_disconnect)
+    async def submitted() -> Submitted:
+        async with orch.tx() as tx:
 
-        done = await submit(
-            tx,
-            run_id=run_id,
-            body=typed,
-            ctx=orch.submit_context,
-            announce=announce if orch.hub_sees_every_write else None,
-        )
+            def announce(new: Step) -> None:
+                # its log is empty until it commits: its streams start from memory
+                step_id = new.step_id
+                announced.append(step_id)
+                tx.on_rollback(lambda: orch.hub.forget_step(step_id))
+                orch.hub.expect_step(step_id, cancel_on_disconnect=new.cancel_on_disconnect)
+
+            return await submit(
+                tx,
+                run_id=run_id,
+                body=typed,
+                ctx=orch.submit_context,
+                announce=announce if orch.hub_sees_every_write else None,
+            )
+
+    # costly tool args are checked on a worker thread, outside the transaction
+    done = await orch.validation.offloading(submitted)
     step = done.step
     for step_id in announced:  # made, but not stored (its token taken meanwhile...)
         if step_id != step.step_id or not done.created:

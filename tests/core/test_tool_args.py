@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 
 from orchestrator_core.errors import ToolArgsInvalid
+from orchestrator_core.schemas import validator as validator_module
 from orchestrator_core.tools import ArgError, arg_errors, check_args
-from orchestrator_core.tools import args as args_module
 from orchestrator_core.tools.args import pointer_of, validator_for
 
 SCHEMA: dict[str, Any] = {
@@ -228,9 +228,9 @@ def test_integers_beyond_64_bits_are_kept_exactly() -> None:
 
 
 def test_the_cache_is_bounded() -> None:
-    for n in range(args_module._CACHE_SIZE + 10):
+    for n in range(validator_module.CACHE_SIZE + 10):
         validator_for({"maxLength": n})
-    assert args_module._compiled.cache_info().currsize == args_module._CACHE_SIZE
+    assert validator_module.compiled.cache_info().currsize == validator_module.CACHE_SIZE
 
 
 @pytest.mark.parametrize(
