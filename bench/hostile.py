@@ -25,6 +25,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -221,6 +222,44 @@ def waiting_gates(t: Target, scale: int) -> str:
     return f"llm_call of 2,000 tokens: {end} in {took:.2f} s"
 
 
+def fs_proc_root(t: Target, scale: int) -> str:
+    """A run whose fs root is ``/proc/self``, then a read of ``environ``."""
+    rr = t.client.post(
+        f"/v1/flows/{t.flow()}/runs", json={"seed": 1, "fs_policy": {"roots": ["/proc/self"]}}
+    )
+    if rr.status_code >= 400:
+        return "run " + _said(rr)
+    body = {"type": "fs_op", "client_token": "a", "input": {"op": "read", "path": "environ"}}
+    r = t.step(rr.json()["run_id"], body)
+    r.raise_for_status()
+    step = t.ended(r.json()["step_id"])
+    if step["status"] != "succeeded":
+        return f"step {step['status']} {(step.get('error') or {}).get('code', '')}"
+    return f"read {step['output']['size']} bytes of the server's environment"
+
+
+def fs_quota_race(t: Target, scale: int) -> str:
+    """40 writes of 25 KB at once into a root whose quota is 250 KB (room for 10)."""
+    root = t.data / "files" / "quota"
+    root.mkdir(parents=True, exist_ok=True)
+    policy = {"roots": [str(root)], "quota_bytes": 250_000}
+    run_id = t.run(t.flow(), fs_policy=policy)
+
+    def write(n: int) -> str:
+        inp = {"op": "write", "path": f"f{n}.txt", "content": "x" * 25_000}
+        r = t.step(run_id, {"type": "fs_op", "client_token": f"w{n}", "input": inp})
+        r.raise_for_status()
+        return str(r.json()["step_id"])
+
+    with ThreadPoolExecutor(max_workers=40) as pool:
+        ids = list(pool.map(write, range(40)))
+    for step_id in ids:
+        t.ended(step_id)
+    stored = [p for p in root.iterdir() if not p.name.startswith(".~fs-")]
+    size = sum(p.stat().st_size for p in stored)
+    return f"{len(stored)} files, {size:,} bytes stored (quota 250,000)"
+
+
 @dataclass
 class Attack:
     name: str
@@ -234,6 +273,8 @@ ATTACKS = [
     Attack("fact_pattern", fact_pattern),
     Attack("redact_pattern", redact_pattern),
     Attack("fs_glob", fs_glob),
+    Attack("fs_proc_root", fs_proc_root),
+    Attack("fs_quota_race", fs_quota_race, env={"ORCHESTRATORD_BREAKERS__TOOL_FAILURES": "1000"}),
     Attack("ref_doubling", ref_doubling),
     Attack("unique_items", unique_items),
     Attack("many_keys", many_keys),
