@@ -27,6 +27,7 @@ from orchestratord.dispatcher import Dispatcher
 from orchestratord.event_logging import EventLogLines, scrub_logs
 from orchestratord.eventlog import RUN_END, EventWriter, LogEvent
 from orchestratord.fs.guard import guard_for, make_data_roots
+from orchestratord.gates.pool import CelPool
 from orchestratord.metrics import Metrics
 from orchestratord.pools.catalog import PoolCatalog
 from orchestratord.pools.config import PoolConfigError, PoolSpec, load_pools_file, local_pool
@@ -163,6 +164,7 @@ class Orchestrator:
             metrics=self.metrics,
             scrubber=self.scrubber,
             engine_limits=settings.engine_limits,
+            cel=CelPool(settings.cel),
         )
         self.pools.watch_breakers(self.services.engine_breakers)
         dispatch = settings.dispatch

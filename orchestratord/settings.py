@@ -295,6 +295,47 @@ class ValidationSettings(BaseModel):
     )
 
 
+class CelSettings(BaseModel):
+    """How gate expressions (CEL) are evaluated: in a few warm processes of their own, each
+    with a memory cap and a deadline, over a bounded part of the run's facts. A gate past a
+    limit fails with GATE_EXPR_INVALID whose details name the ``reason`` and the limit."""
+
+    workers: int = Field(
+        default=2,
+        ge=1,
+        le=64,
+        description="Processes evaluating gates, started at the first gate and kept warm; more"
+        " gates at once wait their turn",
+    )
+    memory_mb: int = Field(
+        default=512,
+        ge=128,
+        description="Address space of an evaluating process (RLIMIT_AS), in MiB; an evaluation"
+        " past it ends (memory) and the process is replaced",
+    )
+    deadline_s: float = Field(
+        default=2.0,
+        gt=0,
+        le=600,
+        allow_inf_nan=False,
+        description="Seconds one evaluation may run; past it its process is killed and the"
+        " step fails (deadline)",
+    )
+    max_input_bytes: int = Field(
+        default=8 << 20,
+        ge=1024,
+        description="JSON bytes of the facts one evaluation sees: the latest facts that fit"
+        " (and at most 9,999 of them)",
+    )
+    max_value_bytes: int = Field(
+        default=128 << 20,
+        ge=1 << 20,
+        description="Bytes an evaluation may build (strings, lists), as estimated from the"
+        " expression and the size of the facts it reads; past it the step fails (cost) without"
+        " evaluating",
+    )
+
+
 class AuthSettings(BaseModel):
     """API keys (``orchestratord keys create``). Off unless keys exist or ``enabled``."""
 
@@ -521,6 +562,7 @@ class Settings(BaseSettings):
     tools: ToolSettings = Field(default_factory=ToolSettings)
     breakers: BreakerSettings = Field(default_factory=BreakerSettings)
     engine_limits: EngineLimitSettings = Field(default_factory=EngineLimitSettings)
+    cel: CelSettings = Field(default_factory=CelSettings)
     validation: ValidationSettings = Field(default_factory=ValidationSettings)
     price_tables_dir: Path | None = Field(
         default=None, description="Folder of price tables; default: the ones shipped"

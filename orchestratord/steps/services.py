@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from orchestrator_core.breakers import BreakerBoard
 from orchestrator_core.secrets import Scrubber
 from orchestratord.fs.guard import FsGuard
+from orchestratord.gates.pool import CelPool
 from orchestratord.metrics import Metrics
 from orchestratord.pools.sessions import RunSessions
 from orchestratord.settings import EngineLimitSettings
@@ -29,6 +30,8 @@ class KindServices:
     scrubber: Scrubber = field(default_factory=Scrubber)  # masks secrets in errors shown
     # what engine steps allow an engine: bytes per token and per output, idle and deadline
     engine_limits: EngineLimitSettings = field(default_factory=EngineLimitSettings)
+    cel: CelPool = field(default_factory=CelPool)  # the processes evaluating gates
 
     async def aclose(self) -> None:
         await self.tools.aclose()
+        await self.cel.aclose()

@@ -1,28 +1,28 @@
 """``gate_eval``: a CEL expression over the run's facts (``orchestrator_core.gates``).
 
-The expression is compiled at submission (422 ``GATE_EXPR_INVALID`` with line and column).
-Running, it is evaluated over the run's facts, bounded by the CEL runtime's cost limit
-(``orchestrator_core.gates``). With ``wait_ms`` a false gate waits: it is woken by
-each event of its run in this process (a new fact wakes it at once) and, for facts appended
-by other processes, re-reads every ``ORCHESTRATORD_STREAM__POLL_S``; it ends ``false`` when
-the wait runs out. A waiting gate holds a control-plane slot, never an engine slot. The
-boolean is the output and a ``gate_result`` fact ``{expr, result}``.
+The expression is compiled at submission (422 ``GATE_EXPR_INVALID`` with line and column,
+or ``reason: "cost"`` when it may build far more than it reads). Running, it is evaluated
+over the run's latest facts in a process of its own (``orchestratord/gates/``), bounded in
+the bytes it reads and builds, in memory and in time (``ORCHESTRATORD_CEL__*``). With
+``wait_ms`` a false gate waits: it evaluates again when a fact is appended to its run or
+one of its steps settles, in this process or another (``gates/watch.py``), never on the
+tokens of its run's other steps; it ends ``false`` when the wait runs out. A waiting gate
+holds a control-plane slot, never an engine slot. The boolean is the output and a
+``gate_result`` fact ``{expr, result}``.
 """
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any, ClassVar
 
-import sqlalchemy as sa
 from pydantic import BaseModel
 
 from contracts.steps import GateEvalInput
 from orchestrator_core import clock
-from orchestrator_core.gates import MAX_FACTS, Gate, GateExprInvalid, compile_gate
-from orchestratord.db.engine import Database
-from orchestratord.db.models import Fact, Flow, Run
-from orchestratord.runs.ledger import usage_of
+from orchestrator_core.gates import Gate, GateExprInvalid, check_cost, compile_gate
+from orchestratord.db.models import Flow
+from orchestratord.gates.facts import read_activation
+from orchestratord.gates.watch import FactWatch
 from orchestratord.steps.ending import Ending
 from orchestratord.steps.kinds.base import StepContext
 from orchestratord.steps.kinds.control import ControlKind, ControlRun, new_fact
@@ -50,27 +50,21 @@ class GateEval(ControlKind):
         ends_at = clock.clock.monotonic() + wait_s
         channel = services.hub.subscribe_run(step.run_id) if wait_s > 0 else None
         try:
+            watch = FactWatch(channel, ctx.db, step.run_id, services.poll_s) if channel else None
             while True:
-                cursor = channel.last + 1 if channel is not None else 0
                 try:
+                    if watch is not None:
+                        await watch.mark()
                     result = await self._evaluate(ctx, gate)
                 except GateExprInvalid as exc:
                     return control.failed(exc.body(), {"result": None})
-                left = ends_at - clock.clock.monotonic()
-                if result or channel is None or left <= 0:
+                if result or watch is None or clock.clock.monotonic() >= ends_at:
                     break
-                stop = asyncio.ensure_future(ctx.stop.wait())
-                woke = asyncio.ensure_future(channel.wait(cursor, min(left, services.poll_s)))
-                try:
-                    await asyncio.wait({stop, woke}, return_when=asyncio.FIRST_COMPLETED)
-                finally:
-                    stop.cancel()
-                    woke.cancel()
-                if ctx.stop.is_set():
-                    if ctx.budget_stop:
-                        result = False
-                        break
+                if await watch.changed(ctx.stop, ends_at):
+                    continue
+                if ctx.stop.is_set() and not ctx.budget_stop:
                     return control.cancelled({"result": None})
+                break  # the wait ran out, or the run's budget stopped it: false
         finally:
             if channel is not None:
                 services.hub.unsubscribe_run(step.run_id)
@@ -78,29 +72,10 @@ class GateEval(ControlKind):
         return control.succeeded({"result": result}, rows=[fact])
 
     async def _evaluate(self, ctx: StepContext, gate: Gate) -> bool:
-        facts, run = await _activation(ctx.db, ctx.run.run_id)
-        return gate.evaluate(facts, run)
-
-
-async def _activation(db: Database, run_id: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """``facts`` (the latest ``MAX_FACTS``, in append order) and ``run`` as CEL sees them."""
-    async with db.read() as session:
-        rows = (
-            await session.execute(
-                sa.select(Fact.type, Fact.data, Fact.emitted_by_step, Fact.created_at)
-                .where(Fact.run_id == run_id)
-                .order_by(Fact.id.desc())
-                .limit(MAX_FACTS)
-            )
-        ).all()
-        run = (await session.execute(sa.select(Run).where(Run.run_id == run_id))).scalar_one()
-        facts = [
-            {"type": t, "data": d, "step_id": s, "ts": c.isoformat()}
-            for t, d, s, c in reversed(rows)
-        ]
-        view = {
-            "run_id": run.run_id,
-            "usage": usage_of(run),
-            "budgets": run.budgets,
-        }
-    return facts, view
+        pool = ctx.services.cel
+        limits = pool.settings
+        activation = await read_activation(
+            ctx.db, ctx.run.run_id, gate.expr, max_input_bytes=limits.max_input_bytes
+        )
+        check_cost(gate, activation.input_bytes, limits.max_value_bytes)
+        return await pool.evaluate(gate, activation.payload)
