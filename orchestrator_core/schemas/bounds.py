@@ -13,8 +13,7 @@ Where a check runs: a cheap one (``work`` at most ``inline_max_work``) runs wher
 asked, on the event loop; a costly one, asked inside :func:`deferring`, raises
 :class:`ValidationDeferred` instead, so that the server can run it on a worker thread,
 outside its write transaction, and ask again with the check marked done
-(``orchestratord/validation.py``). ``work`` is the value's JSON bytes times the schema's
-weight (``graph.SchemaCost``); a unit of it is well under a microsecond.
+(``orchestratord/validation.py``). ``work`` is reckoned by ``cost.py``.
 """
 
 from __future__ import annotations
@@ -41,7 +40,7 @@ class ValidationBound:
 
     deadline_s: float = 2.0
     max_errors: int = 100
-    inline_max_work: int = 2_000_000
+    inline_max_work: int = 2_000
 
     @property
     def regex_units(self) -> float:

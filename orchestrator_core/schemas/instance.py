@@ -11,30 +11,18 @@ count stopped at the deadline. A deadline met before any error is found is
 from __future__ import annotations
 
 import itertools
-import json
-import math
-import threading
-from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-import orjson
 import referencing.exceptions
 from jsonschema.exceptions import ValidationError
 
-from orchestrator_core.errors import InvalidParams, OrchestratorError, TooLarge
-from orchestrator_core.regexes import RegexError, schema_regex
-from orchestrator_core.schemas.bounds import ValidationTimeout, bounded_call, current, timed_out
-from orchestrator_core.schemas.graph import SchemaGraph
-from orchestrator_core.schemas.validator import key_of, validator_for
+from orchestrator_core.errors import InvalidParams, TooLarge
+from orchestrator_core.schemas.bounds import ValidationTimeout, current, timed_out
+from orchestrator_core.schemas.validator import validator_for
 
 E = TypeVar("E")
-
-# A value's JSON byte against a schema node: well under a microsecond (bounds.py); a regex
-# instruction against a character costs about this many times less at worst.
-_REGEX_UNITS_PER_NODE = 30
-_UNKNOWN_WEIGHT = 1_000_000  # a schema the graph cannot read (stored before the rules)
 
 
 @dataclass(frozen=True)
@@ -98,53 +86,6 @@ def find_errors(
     return Found(sorted(listed), more, cut)  # type: ignore[type-var]
 
 
-class _Weights:
-    """What one byte of a value can cost against a schema (:func:`weight_of`), by schema
-    key, once learnt. Learning compiles the schema's regexes, which may take RE2 tens of
-    milliseconds each, so it happens with the first check of a schema, off the loop."""
-
-    def __init__(self, size: int = 1024) -> None:
-        self._size = size
-        self._known: OrderedDict[bytes, int] = OrderedDict()
-        self._lock = threading.Lock()  # learnt on worker threads, read on the loop
-
-    def get(self, key: bytes) -> int | None:
-        with self._lock:
-            weight = self._known.get(key)
-            if weight is not None:
-                self._known.move_to_end(key)
-            return weight
-
-    def learn(self, key: bytes, schema: Any) -> None:
-        if self.get(key) is not None:
-            return
-        weight = weight_of(schema)
-        with self._lock:
-            self._known[key] = weight
-            while len(self._known) > self._size:
-                self._known.popitem(last=False)
-
-
-_WEIGHTS = _Weights()
-
-
-def weight_of(schema: Any) -> int:
-    """Its subschemas with references expanded, plus its regexes' instructions (each costs a
-    character at most ``_REGEX_UNITS_PER_NODE`` times less than a subschema costs a value)."""
-    try:
-        graph = SchemaGraph(schema, field="")
-    except OrchestratorError:
-        return _UNKNOWN_WEIGHT
-    units = 0
-    for node in graph.nodes:
-        for _, pattern in node.patterns():
-            try:
-                units += schema_regex(pattern).units
-            except RegexError:
-                continue
-    return graph.cost(_UNKNOWN_WEIGHT).nodes + units // _REGEX_UNITS_PER_NODE
-
-
 def within_regex_bound(value: Any, patterns: Iterable[Any], *, field: str) -> None:
     """``TooLarge`` naming ``field`` when a string in ``value`` is too long to be matched by
     ``patterns`` within the deadline (RE2 runs without a clock: each match is one call)."""
@@ -168,39 +109,6 @@ def within_regex_bound(value: Any, patterns: Iterable[Any], *, field: str) -> No
             todo.extend(item.values())
         elif isinstance(item, (list, tuple)):
             todo.extend(item)
-
-
-def regex_weight(patterns: Iterable[Any]) -> int:
-    """What matching each of ``patterns`` costs a byte, in schema nodes."""
-    return sum(1 + getattr(p, "units", 1) // _REGEX_UNITS_PER_NODE for p in patterns)
-
-
-def value_bytes(value: Any) -> int:
-    try:
-        return len(orjson.dumps(value))
-    except TypeError:  # integers beyond 64 bits: rare, and never cheap to guess
-        return len(json.dumps(value))
-
-
-def checked(
-    kind: bytes, schema: Any, instance: Any, check: Callable[[], E], *, extra_weight: int = 0
-) -> E:
-    """``check()`` where it belongs: here when ``instance`` is cheap to check against
-    ``schema``, else off the event loop when the caller can (``bounds.bounded_call``): a
-    schema not seen before, or a value heavy for it. ``kind`` tells checks of one value
-    against one schema apart (tool args, fact data); ``extra_weight``: what the check does
-    per byte besides (redaction: :func:`regex_weight`)."""
-    key = key_of(schema)
-
-    def work() -> float:
-        weight = _WEIGHTS.get(key)
-        return math.inf if weight is None else value_bytes(instance) * (weight + extra_weight)
-
-    def learning() -> E:
-        _WEIGHTS.learn(key, schema)
-        return check()
-
-    return bounded_call(kind + key, instance, work, learning)
 
 
 # --- a JSON value against a schema, errors named as fields (fact data) -------------------------

@@ -26,7 +26,8 @@ from jsonschema.exceptions import ValidationError
 
 from orchestrator_core.errors import ToolArgsInvalid
 from orchestrator_core.schemas.bounds import ValidationTimeout, current, deadline, timed_out
-from orchestrator_core.schemas.instance import Found, checked, find_errors
+from orchestrator_core.schemas.cost import checked
+from orchestrator_core.schemas.instance import Found, find_errors
 from orchestrator_core.schemas.validator import additional, validator_for
 
 __all__ = ["ArgError", "arg_errors", "check_args", "pointer_of", "validator_for"]

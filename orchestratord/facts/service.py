@@ -16,12 +16,8 @@ from orchestrator_core.errors import InvalidParams, NotFound
 from orchestrator_core.lifecycle import RunStatus, check_run_accepts_steps
 from orchestrator_core.policy import PolicySubject, redact_json
 from orchestrator_core.regexes import Regex
-from orchestrator_core.schemas.instance import (
-    check_data,
-    checked,
-    regex_weight,
-    within_regex_bound,
-)
+from orchestrator_core.schemas.cost import checked, regex_steps
+from orchestrator_core.schemas.instance import check_data, within_regex_bound
 from orchestratord.db.models import Checkpoint, Fact, Flow, Run, Step
 from orchestratord.eventlog import log_event
 from orchestratord.flows.service import get_flow
@@ -101,7 +97,7 @@ def _redacted_and_checked(data: Any, patterns: Sequence[Regex], schema: Any) -> 
         schema if schema is not None else True,
         data,
         check,
-        extra_weight=regex_weight(patterns),
+        extra_steps=regex_steps(patterns),
     )
 
 
