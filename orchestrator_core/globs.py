@@ -73,8 +73,10 @@ def name_glob(glob: str, *, field: str = "glob") -> Regex:
 
 
 def _bracket(glob: str, i: int) -> tuple[str, int]:
-    """The set opened at ``glob[i - 1]`` and where the glob goes on (fnmatch's rules: ``!``
-    negates, a ``]`` first is literal, an unclosed ``[`` is a literal, empty ranges drop)."""
+    """The set opened at ``glob[i - 1]`` and where the glob goes on: ``fnmatch.translate``'s
+    steps, quirks and all (a range reversed is dropped, and a ``!`` it leaves first
+    negates), then its Python set written for RE2 (every ``[`` escaped: ``[:`` opens a
+    class name in RE2)."""
     n = len(glob)
     j = i
     if j < n and glob[j] == "!":
@@ -85,32 +87,37 @@ def _bracket(glob: str, i: int) -> tuple[str, int]:
         j += 1
     if j >= n:
         return re2.escape("["), i
-    negated = glob[i] == "!"
-    body = glob[i + 1 if negated else i : j]
-    chunks = _ranges(body) if "-" in body else None
-    if chunks is None:
-        members = "".join(_member(c) for c in body)
+    stuff = glob[i:j]
+    if "-" not in stuff:
+        stuff = stuff.replace("\\", r"\\")
     else:
-        members = "-".join("".join(_member(c) for c in chunk) for chunk in chunks)
-    if not members:
-        return ("." if negated else _NOTHING), j + 1
-    return f"[{'^' if negated else ''}{members}]", j + 1
+        chunks = _chunks(glob, i, j)
+        stuff = "-".join(s.replace("\\", r"\\").replace("-", r"\-") for s in chunks)
+    if not stuff:
+        return _NOTHING, j + 1
+    if stuff == "!":
+        return ".", j + 1
+    if stuff[0] == "!":
+        stuff = "^" + stuff[1:]
+    elif stuff[0] in ("^", "["):
+        stuff = "\\" + stuff
+    return f"[{_for_re2(stuff)}]", j + 1
 
 
-def _ranges(body: str) -> list[str]:
-    """``body`` cut at its range hyphens, as fnmatch cuts it, with reversed ranges dropped."""
+def _chunks(glob: str, i: int, j: int) -> list[str]:
+    """``glob[i:j]`` cut at its range hyphens, reversed ranges dropped (fnmatch's loop)."""
     chunks: list[str] = []
-    start, k = 0, 1
+    k = i + 2 if glob[i] == "!" else i + 1
     while True:
-        k = body.find("-", k)
+        k = glob.find("-", k, j)
         if k < 0:
             break
-        chunks.append(body[start:k])
-        start = k + 1
-        k += 3
-    rest = body[start:]
-    if rest:
-        chunks.append(rest)
+        chunks.append(glob[i:k])
+        i = k + 1
+        k = k + 3
+    chunk = glob[i:j]
+    if chunk:
+        chunks.append(chunk)
     else:
         chunks[-1] += "-"
     for k in range(len(chunks) - 1, 0, -1):
@@ -120,8 +127,17 @@ def _ranges(body: str) -> list[str]:
     return chunks
 
 
-def _member(c: str) -> str:
-    return "\\" + c if c in "\\]-[^" else c
+def _for_re2(stuff: str) -> str:
+    out: list[str] = []
+    i = 0
+    while i < len(stuff):
+        if stuff[i] == "\\":
+            out.append(stuff[i : i + 2])
+            i += 2
+            continue
+        out.append("\\[" if stuff[i] == "[" else stuff[i])
+        i += 1
+    return "".join(out)
 
 
 def _compiled(pattern: str, glob: str, field: str) -> Regex:
