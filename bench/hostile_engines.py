@@ -6,8 +6,8 @@ given; each attack runs against a fresh ``serve --pools`` of each checkout, whos
 is that engine, while a ``/healthz`` poller (its own process, every 50 ms) measures the waits
 of everyone else. After the step ends (or the client gives up waiting for it), the poller goes
 on until the server's CPU falls idle. Per attack and checkout it prints the step's end, the
-bytes of its row as ``GET /v1/steps/{id}`` shows it, the poller's p99 and longest wait and the
-server's CPU seconds.
+bytes of its row as ``GET /v1/steps/{id}`` shows it, the poller's p99 and longest wait, the
+server's CPU seconds and its peak RSS growth.
 
     .venv/bin/python bench/hostile_engines.py --trees /tmp/before . [--only huge_token,...]
 
@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.hostile import _free_port, _until_idle  # noqa: E402
-from test_harness.probes import cpu_s, poller  # noqa: E402
+from test_harness.probes import cpu_s, peak_rss_mb, poller, rss_mb  # noqa: E402
 
 WAIT_S = 60.0  # the most the client waits for a step's end
 
@@ -127,7 +127,7 @@ def measure(tree: Path, engine_url: str, attack: Attack) -> dict[str, Any]:
                 "client_token": "a",
                 "input": {"prompt": f"{attack.prompt} {tree}", "params": {"max_tokens": 16}},
             }
-            cpu0, t0 = cpu_s(pid), time.perf_counter()
+            cpu0, rss0, t0 = cpu_s(pid), rss_mb(pid), time.perf_counter()
             with poller(url) as probes:
                 r = client.post(f"/v1/runs/{run['run_id']}/steps", json=body)
                 outcome = _outcome(client, r.json()["step_id"])
@@ -141,6 +141,7 @@ def measure(tree: Path, engine_url: str, attack: Attack) -> dict[str, Any]:
                 "poll_max_ms": round(report.max_s * 1000, 1),
                 "probes": report.count,
                 "server_cpu_s": round(cpu_s(pid) - cpu0, 2),
+                "peak_rss_growth_mb": round(peak_rss_mb(pid) - rss0, 1),
             }
 
 
@@ -166,6 +167,7 @@ def main() -> None:
                         f"{attack.name:<12} {tree.name or str(tree):<14}"
                         f" p99 {row['poll_p99_ms']:>8} ms  max {row['poll_max_ms']:>8} ms"
                         f"  cpu {row['server_cpu_s']:>6} s  wall {row['wall_s']:>6} s"
+                        f"  peak rss +{row['peak_rss_growth_mb']:>6} MB"
                         f"  {row['outcome']}",
                         flush=True,
                     )
