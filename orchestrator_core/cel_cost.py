@@ -86,7 +86,7 @@ def estimate(
     serialized: bytes, *, max_copies: float = float("inf"), max_fixed: float = float("inf")
 ) -> Estimate:
     """The estimate of a checked expression (``Expression.serialize()``)."""
-    checked = _fields(_fields(serialized)[2][0])  # google.protobuf.Any{type_url, value}
+    checked = _fields(_as_bytes(_fields(serialized)[2][0]))  # protobuf Any{type_url, value}
     walk = _Walk(_references(checked), _positions(checked), max_copies, max_fixed)
     root = _as_bytes(checked[4][0])
     node = _expr(walk, root, runs=1.0)

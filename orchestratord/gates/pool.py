@@ -19,6 +19,7 @@ from typing import Any
 import orjson
 
 from orchestrator_core.gates import Gate, GateExprInvalid
+from orchestratord.gates.facts import SharedReads
 from orchestratord.settings import CelSettings
 
 _WORKER = "orchestratord.gates.worker"
@@ -35,6 +36,7 @@ class CelPool:
         self._turns = asyncio.Semaphore(self.settings.workers)
         self._ending: set[asyncio.Task[Any]] = set()
         self._closed = False
+        self.reads = SharedReads()  # what the gates of a run woken together read once
         self.evaluations = 0  # asked of a process, since the start (counted by tests)
         self.started = 0  # processes started
 

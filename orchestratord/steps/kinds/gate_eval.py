@@ -21,7 +21,7 @@ from contracts.steps import GateEvalInput
 from orchestrator_core import clock
 from orchestrator_core.gates import Gate, GateExprInvalid, check_cost, compile_gate
 from orchestratord.db.models import Flow
-from orchestratord.gates.facts import read_activation
+from orchestratord.gates.facts import read_fingerprint
 from orchestratord.gates.watch import FactWatch
 from orchestratord.steps.ending import Ending
 from orchestratord.steps.kinds.base import StepContext
@@ -53,13 +53,13 @@ class GateEval(ControlKind):
             watch = FactWatch(channel, ctx.db, step.run_id, services.poll_s) if channel else None
             while True:
                 try:
-                    if watch is not None:
-                        await watch.mark()
-                    result = await self._evaluate(ctx, gate)
+                    fingerprint = await read_fingerprint(ctx.db, step.run_id)
+                    result, cost_s = await self._evaluate(ctx, gate, fingerprint)
                 except GateExprInvalid as exc:
                     return control.failed(exc.body(), {"result": None})
                 if result or watch is None or clock.clock.monotonic() >= ends_at:
                     break
+                watch.evaluated(fingerprint, cost_s)
                 if await watch.changed(ctx.stop, ends_at):
                     continue
                 if ctx.stop.is_set() and not ctx.budget_stop:
@@ -71,11 +71,12 @@ class GateEval(ControlKind):
         fact = new_fact(ctx, "gate_result", {"expr": gate.expr, "result": result})
         return control.succeeded({"result": result}, rows=[fact])
 
-    async def _evaluate(self, ctx: StepContext, gate: Gate) -> bool:
+    async def _evaluate(self, ctx: StepContext, gate: Gate, fingerprint: Any) -> tuple[bool, float]:
+        """The gate's value, and how long reading its variables took."""
         pool = ctx.services.cel
         limits = pool.settings
-        activation = await read_activation(
-            ctx.db, ctx.run.run_id, gate.expr, max_input_bytes=limits.max_input_bytes
+        variables = await pool.reads.variables(
+            ctx.db, ctx.run.run_id, fingerprint, max_input_bytes=limits.max_input_bytes
         )
-        check_cost(gate, activation.input_bytes, limits.max_value_bytes)
-        return await pool.evaluate(gate, activation.payload)
+        check_cost(gate, variables.input_bytes, limits.max_value_bytes)
+        return await pool.evaluate(gate, variables.request(gate.expr)), variables.read_s

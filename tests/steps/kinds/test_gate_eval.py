@@ -9,7 +9,15 @@ import httpx
 import pytest
 
 from orchestratord.runtime import Orchestrator
-from tests.helpers import follower_waits, make_flow, make_run, read_stream, wait_status
+from tests.helpers import (
+    follower_waits,
+    make_flow,
+    make_run,
+    read_stream,
+    submit,
+    until,
+    wait_status,
+)
 
 
 async def gate(
@@ -149,3 +157,70 @@ async def test_an_expression_past_the_cost_limit_fails_the_step(client: httpx.As
     assert step["status"] == "failed"
     assert step["error"]["code"] == "GATE_EXPR_INVALID"
     assert step["error"]["details"]["reason"] == "budget"
+
+
+ISSUE_EXPR = (
+    f"{list(range(48))}.map(x, {list(range(32))}.map(y, facts[0].data.s + facts[0].data.s))"
+    ".size() > 0"
+)
+
+
+async def test_an_expression_that_would_build_huge_values_is_refused_at_submission(
+    client: httpx.AsyncClient,
+) -> None:
+    """The issue's gate: 1,536 concatenations of twice a fact, known before any fact."""
+    run_id = await make_run(client)
+    r = await gate(client, run_id, ISSUE_EXPR)
+    assert r.status_code == 422, r.text
+    body = r.json()
+    assert body["code"] == "GATE_EXPR_INVALID"
+    assert body["details"]["field"] == "input.expr" and body["details"]["reason"] == "cost"
+    assert body["details"]["column"] == ISSUE_EXPR.index("+") + 1
+    assert (await client.get(f"/v1/runs/{run_id}")).json()["step_count"] == 0
+
+
+async def test_a_gate_whose_estimate_over_its_facts_passes_the_limit_fails_unevaluated(
+    client: httpx.AsyncClient, orch: Orchestrator
+) -> None:
+    """Admitted (48 copies of what it reads), but over a 3 MB fact that is past 128 MiB."""
+    run_id = await make_run(client)
+    await fact(client, run_id, "big", {"s": "x" * 3_000_000})
+    expr = f'{list(range(24))}.exists(i, facts[0].data.s + facts[0].data.s == "")'
+    step = await wait_status(
+        client, (await gate(client, run_id, expr)).json()["step_id"], "succeeded", "failed"
+    )
+    assert step["status"] == "failed"
+    assert step["error"]["code"] == "GATE_EXPR_INVALID"
+    assert step["error"]["details"]["reason"] == "cost"
+    assert orch.services.cel.evaluations == 0  # no process was asked
+
+
+async def test_waiting_gates_evaluate_when_facts_arrive_not_on_tokens(
+    client: httpx.AsyncClient, orch: Orchestrator
+) -> None:
+    """Four gates wait over 300 facts while a 2,000-token llm_call streams in their run:
+    each evaluates once at its start, and at most once when the call's end settles its
+    usage and once per fact appended after (fewer when the pace gathers them); never per
+    token."""
+    run_id = await make_run(client)
+    for i in range(300):
+        await fact(client, run_id, "n", i)
+    pool = orch.services.cel
+    expr = 'facts.exists(f, f.type == "done")'
+    gates = [
+        (await gate(client, run_id, expr, f"g{g}", wait_ms=60_000)).json()["step_id"]
+        for g in range(4)
+    ]
+    await until(lambda: pool.evaluations >= 4, tries=500)
+    assert pool.evaluations == 4
+    r = await submit(client, run_id, "call", max_tokens=2000)
+    call = await wait_status(client, r.json()["step_id"], "succeeded", "failed")
+    assert call["status"] == "succeeded" and call["usage"]["tokens_out"] == 2000
+    await fact(client, run_id, "other", 1)
+    await fact(client, run_id, "done", 1)
+    for step_id in gates:
+        step = await wait_status(client, step_id, "succeeded", "failed")
+        assert step["output"]["result"] is True
+    assert pool.evaluations <= 4 * (1 + 1 + 2)
+    # woken together, the four read the run's facts once per change
+    assert pool.reads.reads <= 4 + 1 + 2
