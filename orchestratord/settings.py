@@ -505,6 +505,29 @@ class EvergreenSettings(BaseModel):
         default=64 << 20, ge=1, description="Bytes of chunk payloads one session may hold"
     )
     max_depth: int = Field(default=64, ge=1, description="Nesting depth of a node tree")
+    max_id_bytes: int = Field(
+        default=1024,
+        ge=16,
+        le=65536,
+        description="Longest id one session takes (node, child and output ids; action, parameter"
+        " and config names; target_spec.id; mimetype and role), in UTF-8 bytes",
+    )
+    max_pending_actions: int = Field(
+        default=1000, ge=1, description="Actions one session has received and not run yet"
+    )
+    max_queued_outputs: int = Field(
+        default=64,
+        ge=1,
+        description="Messages a session holds for a client that does not read them; past it the"
+        " session's generation waits for the client",
+    )
+    idle_timeout_s: float = Field(
+        default=300.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="A session that neither sends nor reads for this long while the server waits"
+        " on it is ended (DEADLINE_EXCEEDED) and its run cancelled",
+    )
 
 
 class Settings(BaseSettings):

@@ -23,9 +23,11 @@ The rules (docs of the protocol, "Ordering", "Boundaries", "Mime type", "Chunk p
   (``Leaf.refs``).
 - Output ids are fresh: an action's output id must not be a node (or another action's output)
   already, and clients never send fragments for an output id.
-- Nesting is bounded (``Limits.max_depth``) and so is what a session holds (:class:`Limits`).
+- Nesting is bounded (``Limits.max_depth``) and so is what a session holds (:class:`Limits`):
+  ids count in ``max_bytes`` as payloads do (a node's id once, each ``child_ids`` entry, the
+  strings of its chunk metadata), and one id is at most ``max_id_bytes``.
 
-Costs: a fragment costs O(1) plus its payload and its child ids (an out-of-order fragment is
+Costs: a fragment costs O(1) plus its payload and its ids (an out-of-order fragment is
 held until the ones before it arrive; a leaf's payload is joined once, when it completes).
 Completion is tracked incrementally (each node counts its children that are not complete yet),
 so :meth:`NodeStore.is_complete` is O(1), and :meth:`NodeStore.wait_complete` sleeps on an
@@ -63,6 +65,11 @@ def _invalid(message: str) -> SessionAbort:
 
 def _exhausted(message: str) -> SessionAbort:
     return SessionAbort("RESOURCE_EXHAUSTED", message)
+
+
+def shown(value: str, limit: int = 40) -> str:
+    """``value`` quoted for a message, cut to ``limit`` characters."""
+    return repr(value) if len(value) <= limit else f"{value[:limit]!r}..."
 
 
 def _names(ids: Sequence[str]) -> str:
@@ -125,10 +132,14 @@ class Limits:
 
     ``max_nodes``: nodes received, claimed as outputs or produced (an id only named as a child
     counts once its node arrives); also the most nodes one flattening may visit.
-    ``max_bytes``: chunk payload bytes (inline data, and ref URIs in UTF-8) over the session;
-    also the most inline bytes one flattening may yield (a node shared by several parents
-    counts each time). ``max_depth``: edges from the flattened root to its deepest node (a
-    root's children are at depth 1). ``max_fragments_per_node``: fragments of one node, so seq
+    ``max_bytes``: the bytes the client's strings take over the session, in UTF-8: chunk
+    payloads (inline data, ref URIs), node ids (once per node), ``child_ids`` entries (each
+    one), chunk metadata (mimetype, role), and what the caller charges
+    (:meth:`NodeStore.charge`: actions); also the most inline bytes one flattening may yield
+    (a node shared by several parents counts each time). ``max_id_bytes``: the longest id
+    (or name, mimetype, role). ``max_depth``: edges from the flattened root to its deepest
+    node (a root's children are at depth 1). ``max_fragments_per_node``: fragments of one
+    node, so seq
     must stay below it. ``max_child_ids``: ``child_ids`` entries over the session.
     """
 
@@ -137,6 +148,7 @@ class Limits:
     max_depth: int = 64
     max_fragments_per_node: int = 100_000
     max_child_ids: int = 1_000_000
+    max_id_bytes: int = 1024
 
     def __post_init__(self) -> None:
         for name in (
@@ -145,6 +157,7 @@ class Limits:
             "max_depth",
             "max_fragments_per_node",
             "max_child_ids",
+            "max_id_bytes",
         ):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must not be negative")
@@ -233,6 +246,7 @@ class NodeStore:
         nid, seq = fragment.id, fragment.seq
         if not nid:
             raise _invalid(f"a node fragment (seq {seq}) has an empty id")
+        self._check_strings(fragment)
         if seq < 0:
             raise _invalid(f"node {nid!r} seq {seq}: seq must not be negative")
         node = self._nodes.get(nid)
@@ -265,7 +279,8 @@ class NodeStore:
                 f"node {nid!r} seq {seq}: more fragments than max_fragments_per_node ({limit})"
             )
         self._check_shape(node, fragment)
-        self._check_limits(node, fragment)
+        cost = self._cost(node, fragment)
+        self._check_limits(node, fragment, cost)
 
         if node is None:
             node = self._new_node(nid, _CLIENT)
@@ -275,6 +290,7 @@ class NodeStore:
             if child not in self._nodes:
                 self._unreceived.add(child)
         self._child_ids += len(children)
+        self._bytes += cost
         chunk = fragment.chunk
         if children:
             node.inner = True
@@ -282,10 +298,8 @@ class NodeStore:
             node.is_leaf = True
             if chunk.data is not None:
                 node.has_data = True
-                self._bytes += len(chunk.data)
             if chunk.ref is not None:
                 node.has_ref = True
-                self._bytes += len(chunk.ref.encode())
         if seq == 0:
             node.seq0_seen = True
             if chunk is not None and chunk.has_metadata:
@@ -359,7 +373,50 @@ class NodeStore:
                     "(a leaf's seq 0 must carry it)"
                 )
 
-    def _check_limits(self, node: _Node | None, fragment: Fragment) -> None:
+    def check_id(self, value: str, what: str) -> int:
+        """``value``'s UTF-8 bytes; RESOURCE_EXHAUSTED naming ``what`` past ``max_id_bytes``
+        (checked before any message quotes the value)."""
+        limit = self.limits.max_id_bytes
+        size = len(value) if len(value) > limit else len(value.encode())
+        if size > limit:
+            raise _exhausted(
+                f"{what} {shown(value)} is longer than max_id_bytes ({limit}): {size} bytes"
+            )
+        return size
+
+    def charge(self, size: int, what: str) -> None:
+        """Count ``size`` more bytes the session holds for the client (an action's ids and
+        configs); RESOURCE_EXHAUSTED naming ``what`` past ``max_bytes``."""
+        limit = self.limits.max_bytes
+        if self._bytes + size > limit:
+            raise _exhausted(f"{what}: more bytes than max_bytes ({limit})")
+        self._bytes += size
+
+    def _check_strings(self, fragment: Fragment) -> None:
+        self.check_id(fragment.id, "a node id")
+        for child in fragment.child_ids:
+            self.check_id(child, f"node {fragment.id!r} seq {fragment.seq}: a child id")
+        chunk = fragment.chunk
+        if chunk is not None:
+            where = f"node {fragment.id!r} seq {fragment.seq}:"
+            self.check_id(chunk.mimetype or "", f"{where} the mimetype")
+            self.check_id(chunk.role or "", f"{where} the role")
+
+    @staticmethod
+    def _cost(node: _Node | None, fragment: Fragment) -> int:
+        """The bytes a fragment adds to what the session holds (ids already checked short)."""
+        size = 0 if node is not None else len(fragment.id.encode())
+        size += sum(len(child.encode()) for child in fragment.child_ids)
+        chunk = fragment.chunk
+        if chunk is not None:
+            size += len((chunk.mimetype or "").encode()) + len((chunk.role or "").encode())
+            if chunk.data is not None:
+                size += len(chunk.data)
+            if chunk.ref is not None:
+                size += len(chunk.ref.encode())
+        return size
+
+    def _check_limits(self, node: _Node | None, fragment: Fragment, cost: int) -> None:
         limits = self.limits
         if node is None and len(self._nodes) + 1 > limits.max_nodes:
             raise _exhausted(
@@ -371,16 +428,11 @@ class NodeStore:
                 f"node {fragment.id!r} seq {fragment.seq}: more child ids than "
                 f"max_child_ids ({limits.max_child_ids})"
             )
-        chunk = fragment.chunk
-        if chunk is not None:
-            size = len(chunk.data) if chunk.data is not None else 0
-            if chunk.ref is not None:
-                size += len(chunk.ref.encode())
-            if self._bytes + size > limits.max_bytes:
-                raise _exhausted(
-                    f"node {fragment.id!r} seq {fragment.seq}: more payload bytes than "
-                    f"max_bytes ({limits.max_bytes})"
-                )
+        if self._bytes + cost > limits.max_bytes:
+            raise _exhausted(
+                f"node {fragment.id!r} seq {fragment.seq}: more bytes (payloads and ids) than "
+                f"max_bytes ({limits.max_bytes})"
+            )
 
     def _new_node(self, node_id: str, origin: str) -> _Node:
         node = _Node(origin)
@@ -446,12 +498,14 @@ class NodeStore:
         """Reserve an action's output id: it must be new (no node, no other output)."""
         if not node_id:
             raise _invalid("an action's output id is empty")
+        size = self.check_id(node_id, "an action's output id")
         if node_id in self._nodes:
             raise _invalid(f"output id already used: {node_id!r}")
         if len(self._nodes) + 1 > self.limits.max_nodes:
             raise _exhausted(
                 f"output {node_id!r}: more nodes than max_nodes ({self.limits.max_nodes})"
             )
+        self.charge(size, f"output {node_id!r}")
         self._new_node(node_id, _CLAIMED)
 
     def add_output(self, node_id: str, mimetype: str, role: str, data: bytes) -> None:
@@ -459,13 +513,17 @@ class NodeStore:
         actions and client nodes can name it. An empty mimetype reads as DEFAULT_MIMETYPE."""
         if not node_id:
             raise _invalid("an action's output id is empty")
+        size = self.check_id(node_id, "an action's output id")
         node = self._nodes.get(node_id)
         if node is not None and node.origin != _CLAIMED:
             raise _invalid(f"output id already used: {node_id!r}")
         limits = self.limits
         if node is None and len(self._nodes) + 1 > limits.max_nodes:
             raise _exhausted(f"output {node_id!r}: more nodes than max_nodes ({limits.max_nodes})")
-        if self._bytes + len(data) > limits.max_bytes:
+        if node is not None:
+            size = 0  # counted when claimed
+        size += len(data)
+        if self._bytes + size > limits.max_bytes:
             raise _exhausted(
                 f"output {node_id!r}: more payload bytes than max_bytes ({limits.max_bytes})"
             )
@@ -477,7 +535,7 @@ class NodeStore:
         node.mimetype, node.role = mimetype, role
         node.parts = [bytes(data)] if data else []
         node.final_seq, node.max_seq, node.next_seq = 0, 0, 1
-        self._bytes += len(data)
+        self._bytes += size
         self._finish(node_id, node)
 
     # -- completion --------------------------------------------------------------------

@@ -12,7 +12,16 @@ actions may name as input.
 The session ends when the client half-closes and every action has run (the run completes
 ``succeeded``), when anything fails (the run ends ``failed``: the session aborts with the
 error's status, its body in the trailing metadata ``x-error``), or when the client cancels
-(the run is cancelled, its running steps with it, into their engines).
+or goes away (the run is cancelled, its running steps with it, into their engines).
+
+Bounds: what the client sends is read as raw bytes and parsed here (a message that is not a
+``SessionMessage`` aborts ``INVALID_ARGUMENT``); every string the session holds for it counts
+in ``evergreen.max_bytes`` (``nodes.py``; an action's names, ids and configs through
+:meth:`NodeStore.charge`), one id is at most ``evergreen.max_id_bytes``, and at most
+``evergreen.max_pending_actions`` actions wait to run. What goes out waits in an
+:class:`Outbox` of ``evergreen.max_queued_outputs`` messages: once it is full, the session's
+steps wait for the client (``steps/pacing.py``). :attr:`Session.last_active` is when the
+client last sent or read a message, or an action ended (the server's idle clock).
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
+from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
 from pydantic import TypeAdapter, ValidationError
 
 from contracts.runs import RunComplete
@@ -31,7 +41,15 @@ from contracts.steps import StepCreate
 from orchestrator_core.errors import OrchestratorError
 from orchestrator_core.keys import Principal
 from orchestratord.evergreen import actions as acts
-from orchestratord.evergreen.nodes import ChunkPart, Fragment, Limits, NodeStore, SessionAbort
+from orchestratord.evergreen.nodes import (
+    ChunkPart,
+    Fragment,
+    Limits,
+    NodeStore,
+    SessionAbort,
+    shown,
+)
+from orchestratord.evergreen.outbox import Outbox
 from orchestratord.evergreen.refs import resolved
 from orchestratord.evergreen.status import status_for
 from orchestratord.runs import service as runs
@@ -51,13 +69,7 @@ class Failure:
     code: str  # a gRPC status name
     message: str
     body: dict[str, Any]
-
-
-class _Done:
-    """The end of the outgoing messages."""
-
-
-DONE = _Done()
+    cancels_run: bool = False  # the run ends cancelled (not failed): the client left it
 
 
 class Session:
@@ -80,37 +92,81 @@ class Session:
         self.tools = tuple(tools)
         self.fs_policy = fs_policy  # where file:// references may be read (refs.py)
         self.wait_s = settings.input_wait_s
+        self.max_pending = settings.max_pending_actions
         self.store = NodeStore(
             Limits(
                 max_nodes=settings.max_nodes,
                 max_bytes=settings.max_bytes,
                 max_depth=settings.max_depth,
+                max_id_bytes=settings.max_id_bytes,
             )
         )
         self.ctx = acts.PlanContext(run_seed=seed, unpack=self._unpack_config, tools=self.tools)
-        self.out: asyncio.Queue[Any] = asyncio.Queue()
+        self.out = Outbox(settings.max_queued_outputs)
         self._actions: asyncio.Queue[tuple[acts.ActionCall, acts.ActionKind] | None] = (
             asyncio.Queue()
         )
         self.failure: Failure | None = None
         self.running: set[str] = set()  # steps of this session not ended yet
-        self._count = 0  # actions received
+        self._count = 0  # actions run
+        self.pending = 0  # actions received and not ended
+        self._clock = asyncio.get_running_loop().time
+        self.last_active = self._clock()
+        self.half_closed_at: float | None = None  # when the client's messages ended
+        self.sending = False  # a message is handed to the client, not taken yet
+        self.sent_after_half_close = False  # the client took a message after its last one
+
+    def touch(self) -> None:
+        """The client sent or read a message, or an action ended: the idle clock restarts."""
+        self.last_active = self._clock()
+
+    @property
+    def waits_on_client(self) -> bool:
+        """Nothing the server does is under way, or what it does waits for the client to
+        read: the idle clock runs."""
+        return self.sending or self.pending == 0
 
     def _unpack_config(self, value: bytes) -> Any:
         config = self.pb.evergreen_config.GenerateConfig()
-        config.ParseFromString(value)
+        try:
+            config.ParseFromString(value)
+        except DecodeError as exc:
+            raise SessionAbort(
+                "INVALID_ARGUMENT", f"a config is not a {acts.CONFIG_TYPE}: {exc}"
+            ) from None
         return config
+
+    def _parse(self, raw: bytes) -> Any:
+        """A received message: ``SessionMessage`` bytes, else the session aborts."""
+        try:
+            return self.pb.evergreen_service.SessionMessage.FromString(raw)
+        except DecodeError as exc:
+            raise SessionAbort(
+                "INVALID_ARGUMENT",
+                f"a message of {len(raw)} bytes is not an evergreen.v2.SessionMessage: {exc}",
+            ) from None
 
     # -- failures ---------------------------------------------------------------------------
 
-    def fail(self, code: str, message: str, body: dict[str, Any] | None = None) -> None:
-        """End the session with ``code`` (a gRPC status name); the first failure wins."""
+    def fail(
+        self,
+        code: str,
+        message: str,
+        body: dict[str, Any] | None = None,
+        *,
+        cancels_run: bool = False,
+    ) -> None:
+        """End the session with ``code`` (a gRPC status name); the first failure wins.
+        ``cancels_run``: the client left (the run ends cancelled), and what waits to be sent
+        is dropped."""
         if self.failure is None:
-            self.failure = Failure(code, message, body or {"code": code, "message": message})
-            self.out.put_nowait(DONE)
+            body = body or {"code": code, "message": message}
+            self.failure = Failure(code, message, body, cancels_run)
+            self.out.end(drop=cancels_run)
 
     def _failed_by(self, exc: BaseException) -> None:
         if isinstance(exc, SessionAbort):
+            log.info("evergreen session of run %s: %s: %s", self.run_id, exc.code, exc.message)
             self.fail(exc.code, exc.message)
         elif isinstance(exc, OrchestratorError):
             status = status_for(exc.code, retriable=exc.retriable)
@@ -124,31 +180,60 @@ class Session:
 
     # -- reading the client ---------------------------------------------------------------
 
-    async def consume(self, requests: AsyncIterator[Any]) -> None:
-        """The client's messages, until it half-closes (then the queued actions finish)."""
+    async def consume(self, requests: AsyncIterator[bytes]) -> None:
+        """The client's messages (raw bytes), until it half-closes (then the queued actions
+        finish)."""
         try:
-            async for message in requests:
+            async for raw in requests:
+                self.touch()
+                message = self._parse(raw)
                 for fragment in message.node_fragments:
                     self.store.add(fragment_of(fragment))
                 for action in message.actions:
-                    call = _call(action)
-                    kind = acts.kind_of(call.name, self.tools)
-                    output = acts.output_of(call, kind)
-                    if output is not None:
-                        self.store.claim_output(output.id)
-                    self._actions.put_nowait((call, kind))
+                    self._take(_call(action))
+            self.half_closed_at = self._clock()
             self._actions.put_nowait(None)
         except asyncio.CancelledError:
             raise
         except BaseException as exc:  # a broken rule, or the transport
             self._failed_by(exc)
 
+    def _take(self, call: acts.ActionCall) -> None:
+        """Queue a received action, its strings counted in what the session holds."""
+        store = self.store
+        store.check_id(call.name, "an action's name")
+        what = f"action {call.name!r}"
+        size = len(call.name.encode()) + store.check_id(call.target, f"{what}: target_spec.id")
+        for param in (*call.inputs, *call.outputs):
+            size += store.check_id(param.name, f"{what}: a parameter name")
+            size += store.check_id(param.id, f"{what}: parameter {shown(param.name)}'s id")
+        for type_url, value in call.configs:
+            size += store.check_id(type_url, f"{what}: a config's type_url") + len(value)
+        if self.pending >= self.max_pending:
+            raise SessionAbort(
+                "RESOURCE_EXHAUSTED",
+                f"{what}: more actions waiting to run than evergreen.max_pending_actions"
+                f" ({self.max_pending})",
+            )
+        kind = acts.kind_of(call.name, self.tools)
+        output = acts.output_of(call, kind)
+        if output is not None:
+            store.claim_output(output.id)
+            size -= len(output.id.encode())  # counted by the claim
+        store.charge(size, what)
+        self.pending += 1
+        self._actions.put_nowait((call, kind))
+
     async def work(self) -> None:
         """The actions, one at a time in the order received."""
         try:
             while (item := await self._actions.get()) is not None:
-                await self._run(*item)
-            self.out.put_nowait(DONE)
+                try:
+                    await self._run(*item)
+                finally:
+                    self.pending -= 1
+                    self.touch()
+            self.out.end()
         except asyncio.CancelledError:
             raise
         except BaseException as exc:
@@ -192,7 +277,7 @@ class Session:
         async with self.orch.db.read() as session:
             step = await get_step(session, step_id=step_id)
         data = orjson.dumps(step.output)
-        self.out.put_nowait(
+        await self.out.put(
             self._message(planned.output_id, 0, data, final=True, mime=acts.JSON, role="")
         )
         self.store.add_output(planned.output_id, acts.JSON, "", data)
@@ -211,14 +296,14 @@ class Session:
             if tokens and planned.streamed and planned.output_id is not None:
                 data = "".join(tokens).encode()
                 parts.append(data)
-                self.out.put_nowait(
+                await self.out.put(
                     self._message(
                         planned.output_id, seq, data, final=False, role=planned.output_role
                     )
                 )
                 seq += 1
         if planned.streamed and planned.output_id is not None:
-            self.out.put_nowait(
+            await self.out.put(
                 self._message(planned.output_id, seq, b"", final=True, role=planned.output_role)
             )
         return b"".join(parts)

@@ -13,6 +13,7 @@ from orchestratord.gates.pool import CelPool
 from orchestratord.metrics import Metrics
 from orchestratord.pools.sessions import RunSessions
 from orchestratord.settings import EngineLimitSettings
+from orchestratord.steps.pacing import Pacing
 from orchestratord.streams.hub import Hub
 from orchestratord.tools.executors import ToolExecutors
 
@@ -30,6 +31,7 @@ class KindServices:
     scrubber: Scrubber = field(default_factory=Scrubber)  # masks secrets in errors shown
     # what engine steps allow an engine: bytes per token and per output, idle and deadline
     engine_limits: EngineLimitSettings = field(default_factory=EngineLimitSettings)
+    pacing: Pacing = field(default_factory=Pacing)  # runs whose reader holds their generation
     cel: CelPool = field(default_factory=CelPool)  # the processes evaluating gates
 
     async def aclose(self) -> None:

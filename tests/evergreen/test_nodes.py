@@ -181,14 +181,48 @@ def test_more_nodes_than_max_nodes_abort() -> None:
 
 
 def test_more_payload_bytes_than_max_bytes_abort() -> None:
-    store = NodeStore(Limits(max_bytes=10))
+    # a node's id, its mimetype and its payload count: "a" + "text/plain" + 5 = 16
+    store = NodeStore(Limits(max_bytes=30))
     store.add(chunk("a", b"12345", continued=True))
-    store.add(chunk("b", b"1234"))
-    with aborts("RESOURCE_EXHAUSTED", "'a'", "seq 1", r"max_bytes \(10\)"):
-        store.add(chunk("a", b"12", seq=1))
-    store.add(chunk("a", b"1", seq=1))  # exactly at the limit
-    with aborts("RESOURCE_EXHAUSTED", "'out'", r"max_bytes \(10\)"):
-        store.add_output("out", "text/plain", "model", b"!")
+    store.add(chunk("b", b"1"))  # 1 + 10 + 1: 28 held
+    with aborts("RESOURCE_EXHAUSTED", "'a'", "seq 1", r"max_bytes \(30\)"):
+        store.add(chunk("a", b"123", seq=1))
+    store.add(chunk("a", b"12", seq=1))  # exactly at the limit
+    assert store.byte_count == 30
+    with aborts("RESOURCE_EXHAUSTED", "'out'", r"max_bytes \(30\)"):
+        store.add_output("out", "text/plain", "model", b"")  # its id counts
+
+
+def test_ids_count_in_max_bytes_each_child_id_each_time() -> None:
+    store = NodeStore(Limits(max_bytes=100))
+    store.add(inner("p", "c" * 40, "c" * 40))  # 1 + 80
+    assert store.byte_count == 81
+    with aborts("RESOURCE_EXHAUSTED", "'q'", r"max_bytes \(100\)"):
+        store.add(inner("q", "d" * 20))
+    store.claim_output("o" * 19)
+    assert store.byte_count == 100
+    with aborts("RESOURCE_EXHAUSTED", "action 'GENERATE'", r"max_bytes \(100\)"):
+        store.charge(1, "action 'GENERATE'")
+
+
+@pytest.mark.parametrize(
+    "fragment",
+    [
+        chunk("x" * 65, b"1"),
+        inner("p", "ok", "c" * 65),
+        chunk("a", b"1", mimetype="t" * 65),
+        chunk("a", b"1", role="r" * 65),
+    ],
+    ids=["node id", "child id", "mimetype", "role"],
+)
+def test_an_id_longer_than_max_id_bytes_aborts_before_it_is_held(fragment: Fragment) -> None:
+    store = NodeStore(Limits(max_id_bytes=64))
+    with aborts("RESOURCE_EXHAUSTED", r"longer than max_id_bytes \(64\): 65 bytes"):
+        store.add(fragment)
+    assert store.node_count == 0 and store.byte_count == 0
+    with aborts("RESOURCE_EXHAUSTED", "output id", r"max_id_bytes \(64\)"):
+        store.claim_output("é" * 33)  # 66 bytes in UTF-8
+    store.add(chunk("a" * 64, b"1"))  # at the limit
 
 
 def test_more_fragments_than_max_fragments_per_node_abort() -> None:
@@ -366,4 +400,4 @@ def test_a_leaf_streamed_in_many_fragments_in_reverse_assembles_in_seq_order() -
         store.add(chunk("big", b"%d," % seq, seq=seq, continued=seq < count - 1))
     [leaf] = store.leaves("big")
     assert leaf.data == b"".join(b"%d," % seq for seq in range(count))
-    assert store.byte_count == len(leaf.data)
+    assert store.byte_count == len(leaf.data) + len("big") + len("text/plain")

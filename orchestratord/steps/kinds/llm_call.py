@@ -578,6 +578,7 @@ class _LlmRun:
     ) -> None:
         steplog = self.ctx.log
         writer = self.ctx.log.writer
+        reader = self.ctx.services.pacing.reader_of(self.ctx.step.run_id)
         meter = OutputMeter(self.limits)
         held: deque[Token] = deque()
         began = clock.clock.monotonic()
@@ -645,9 +646,12 @@ class _LlmRun:
                     held.append(item)
                     for text in redactor.push(item.text):
                         emit(held.popleft(), text)
-                if writer.over_limit:
+                if writer.over_limit or reader is not None:
                     progress.asked_at = math.inf  # waiting for readers is not the engine's idle
-                    await writer.wait_drained()
+                    if writer.over_limit:
+                        await writer.wait_drained()
+                    if reader is not None:  # the run's client takes no more: wait for it
+                        await reader.room()
                     now = clock.clock.monotonic()
                 progress.asked_at = now
             elif isinstance(item, Finish):
