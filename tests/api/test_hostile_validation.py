@@ -180,13 +180,10 @@ def test_a_ref_doubling_schema_is_refused_at_flow_creation(client: Client) -> No
 
 
 def test_unique_items_over_objects_without_max_items_is_refused(client: Client) -> None:
-    schema = {"type": "object", "properties": {"xs": {"type": "array", "uniqueItems": True}}}
-    r = client.flow([tool(schema)])
+    xs: dict[str, Any] = {"type": "array", "uniqueItems": True}
+    r = client.flow([tool({"type": "object", "properties": {"xs": xs}})])
     assert refused_field(r) == "tools[0].parameters.properties.xs.uniqueItems"
-    bounded = {
-        "type": "object",
-        "properties": {"xs": {**schema["properties"]["xs"], "maxItems": 1000}},
-    }
+    bounded = {"type": "object", "properties": {"xs": {**xs, "maxItems": 1000}}}
     flow_id = client.created(client.flow([tool(bounded)]), "flow_id")
     run_id = client.created(client.run(flow_id), "run_id")
     with poller(client.server.url) as probes:

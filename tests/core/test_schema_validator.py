@@ -108,7 +108,7 @@ def test_a_string_too_long_for_its_pattern_within_the_deadline_is_an_error(
 
 
 def test_a_key_too_long_for_a_pattern_is_an_error_at_the_key(small_deadline: None) -> None:
-    schema = {"patternProperties": {"[ab]*a[ab]{14}c": {}}}
+    schema: dict[str, Any] = {"patternProperties": {"[ab]*a[ab]{14}c": {}}}
     [error] = validator_for(schema).iter_errors({"ab" * 500: 1})
     assert list(error.absolute_path) == ["ab" * 500]
 
