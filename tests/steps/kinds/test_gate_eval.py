@@ -9,11 +9,13 @@ import httpx
 import pytest
 
 from orchestratord.runtime import Orchestrator
+from tests.conftest import make_settings
 from tests.helpers import (
     follower_waits,
     make_flow,
     make_run,
     read_stream,
+    started_client,
     submit,
     until,
     wait_status,
@@ -224,3 +226,39 @@ async def test_waiting_gates_evaluate_when_facts_arrive_not_on_tokens(
     assert pool.evaluations <= 4 * (1 + 1 + 2)
     # woken together, the four read the run's facts once per change
     assert pool.reads.reads <= 4 + 1 + 2
+
+
+async def test_a_waiting_gate_is_woken_by_a_fact_a_step_appends(
+    client: httpx.AsyncClient, orch: Orchestrator
+) -> None:
+    """A tool call's ``tool_result`` is streamed before its row is stored with the step's
+    end: the gate sees it once it is there."""
+    echo = {
+        "name": "echo",
+        "description": "echo",
+        "parameters": {"type": "object"},
+        "executor": {"kind": "builtin", "name": "echo"},
+    }
+    run_id = await make_run(client, await make_flow(client, tools=[echo]))
+    expr = 'facts.exists(f, f.type == "tool_result")'
+    step_id = (await gate(client, run_id, expr, wait_ms=60_000)).json()["step_id"]
+    await until(lambda: orch.services.cel.evaluations >= 1, tries=500)
+    call = {"type": "tool_call", "client_token": "t", "input": {"tool": "echo", "args": {}}}
+    assert (await client.post(f"/v1/runs/{run_id}/steps", json=call)).status_code == 202
+    step = await wait_status(client, step_id, "succeeded", "failed")
+    assert step["output"]["result"] is True
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+async def test_a_gate_sees_the_latest_facts_that_fit_its_input_bytes(db_url: str) -> None:
+    """Ten facts of ~1.5 KB, 4 KiB of input: the latest two (with ``run``) fit."""
+    settings = make_settings(db_url, cel={"max_input_bytes": 4096})
+    async with started_client(Orchestrator(settings)) as client:
+        run_id = await make_run(client)
+        for i in range(10):
+            await fact(client, run_id, "n", {"i": i, "pad": "x" * 1500})
+        expr = "size(facts) == 2 && facts[0].data.i == 8 && facts[1].data.i == 9"
+        step = await wait_status(
+            client, (await gate(client, run_id, expr)).json()["step_id"], "succeeded", "failed"
+        )
+        assert step["output"]["result"] is True, step
