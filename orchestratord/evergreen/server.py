@@ -233,6 +233,7 @@ class EvergreenService:
 
         async def end() -> None:
             async with self._ending_turns:
+                await asyncio.sleep(0)  # a turn of the loop between ends (SQLite's are sync)
                 await session.end_run(cancelled=cancelled)
 
         task = asyncio.get_running_loop().create_task(end())

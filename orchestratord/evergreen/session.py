@@ -132,7 +132,7 @@ class Session:
             config.ParseFromString(value)
         except DecodeError as exc:
             raise SessionAbort(
-                "INVALID_ARGUMENT", f"a config is not a {acts.CONFIG_TYPE}: {exc}"
+                "INVALID_ARGUMENT", f"a config is not a valid {acts.CONFIG_TYPE}: {exc}"
             ) from None
         return config
 
