@@ -186,6 +186,8 @@ def test_a_client_that_does_not_read_holds_the_generation_not_the_memory(
         )
 
         async def session() -> tuple[str, list[int], str]:
+            # a window of 64 KB (grpc grows it to 4 MB otherwise, more than the whole output):
+            # the server's sends stop soon, and then its generation
             async with _channel(d.port, **{"grpc.http2.bdp_probe": 0}) as channel:
                 call = _call(channel, _held_open(message(text("q", "go on"), generate)), d.md())
                 run_id = dict(await call.initial_metadata())["x-run-id"]
