@@ -66,7 +66,8 @@ class FactWatch:
         wait = min(self._next_at, ends_at) - clock.clock.monotonic()
         if wait > 0:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), wait)
+                async with asyncio.timeout(wait):
+                    await stop.wait()
         return not stop.is_set()
 
     async def _wait(self, stop: asyncio.Event, timeout: float) -> bool:
@@ -74,7 +75,8 @@ class FactWatch:
         chan = self._channel
         if chan.closed:  # shutting down: it would wake at once, forever
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout)
+                async with asyncio.timeout(timeout):
+                    await stop.wait()
             return False
         stopped = asyncio.ensure_future(stop.wait())
         woke = asyncio.ensure_future(chan.wait(self._cursor, timeout))
