@@ -305,6 +305,33 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
+def process(argv: list[str], cwd: Path, env: dict[str, str], ready: str) -> Iterator[int]:
+    """``argv`` running in ``cwd`` until the block ends, once ``ready`` answers 200; its pid."""
+    log = (cwd / f"{Path(argv[2]).name}-{time.monotonic_ns()}.log").open("wb")
+    proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            if proc.poll() is not None:
+                raise SystemExit(f"{argv[:4]} exited: {Path(log.name).read_text()[-2000:]}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(ready, timeout=1).status_code == 200:
+                    break
+            if time.monotonic() > deadline:
+                raise SystemExit(f"{argv[:4]} not ready")
+            time.sleep(0.1)
+        yield proc.pid
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+@contextlib.contextmanager
 def _server(tree: Path, data: Path, attack: Attack) -> Iterator[tuple[str, int]]:
     port = _free_port()
     files = data / "files"
@@ -320,31 +347,9 @@ def _server(tree: Path, data: Path, attack: Attack) -> Iterator[tuple[str, int]]
     argv += ["--database-url", f"sqlite:///{data / 'o.db'}"]
     if attack.auth:
         argv.append("--auth")
-    log = (data / "server.log").open("wb")
-    proc = subprocess.Popen(argv, cwd=tree, env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            if proc.poll() is not None:
-                raise SystemExit(
-                    f"{tree}: serve exited: {(data / 'server.log').read_text()[-2000:]}"
-                )
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(url + "/healthz", timeout=1).status_code == 200:
-                    break
-            if time.monotonic() > deadline:
-                raise SystemExit(f"{tree}: serve not ready")
-            time.sleep(0.1)
-        yield url, proc.pid
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
+    with process(argv, data, env, url + "/healthz") as pid:
+        yield url, pid
 
 
 def _until_idle(pid: int) -> None:

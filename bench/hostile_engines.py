@@ -17,14 +17,11 @@ Writes ``bench/results/hostile_engines.json``.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,7 +31,7 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.hostile import _free_port, _until_idle  # noqa: E402
+from bench.hostile import _free_port, _until_idle, process  # noqa: E402
 from test_harness.probes import cpu_s, peak_rss_mb, poller, rss_mb  # noqa: E402
 
 WAIT_S = 60.0  # the most the client waits for a step's end
@@ -55,32 +52,6 @@ ATTACKS = [
     Attack("keep_alives", "trickle 5", {"ORCHESTRATORD_ENGINE_LIMITS__IDLE_TIMEOUT_S": "20"}),
     Attack("retry_after", "busy 429 1 2"),  # 429 Retry-After: 2, then an answer
 ]
-
-
-@contextlib.contextmanager
-def _process(argv: list[str], cwd: Path, env: dict[str, str], ready: str) -> Iterator[int]:
-    log = (cwd / f"{Path(argv[2]).name}-{time.monotonic_ns()}.log").open("wb")
-    proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            if proc.poll() is not None:
-                raise SystemExit(f"{argv[:4]} exited: {Path(log.name).read_text()[-2000:]}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(ready, timeout=1).status_code == 200:
-                    break
-            if time.monotonic() > deadline:
-                raise SystemExit(f"{argv[:4]} not ready")
-            time.sleep(0.1)
-        yield proc.pid
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
 
 
 def _outcome(client: httpx.Client, step_id: str) -> str:
@@ -117,7 +88,7 @@ def measure(tree: Path, engine_url: str, attack: Attack) -> dict[str, Any]:
         env.update(attack.env)
         url = f"http://127.0.0.1:{port}"
         with (
-            _process(argv, data, env, url + "/healthz") as pid,
+            process(argv, data, env, url + "/healthz") as pid,
             httpx.Client(base_url=url, timeout=WAIT_S) as client,
         ):
             flow = client.post("/v1/flows", json={"ast": {"bench": "engines"}}).json()
@@ -158,7 +129,7 @@ def main() -> None:
         engine = [sys.executable, "-m", "test_harness.hostile_openai", "--port", str(port)]
         engine_url = f"http://127.0.0.1:{port}"
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        with _process(engine, Path(tmp), env, engine_url + "/health"):
+        with process(engine, Path(tmp), env, engine_url + "/health"):
             for attack in chosen:
                 for tree in trees:
                     row = measure(tree, engine_url, attack)
